@@ -1,0 +1,40 @@
+# infergraph: `make lab` opens the collection, `make test` runs everything CI runs.
+# Both bootstrap .venv from requirements.txt once; the stamp file makes re-runs free
+# until requirements.txt or pyproject.toml change.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PIP    := $(BIN)/python -m pip --quiet --disable-pip-version-check
+# Every folder of notebooks that exists; nbval re-runs each notebook and compares outputs.
+NOTEBOOK_DIRS := $(wildcard notebooks exercises solutions)
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+
+.PHONY: lab test bench lint notebooks clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), f"infergraph needs Python 3.10 or newer, found {sys.version.split()[0]}"'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps -e .
+	@touch $@
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(NBVAL) tests infergraph_lite $(NOTEBOOK_DIRS)
+
+bench: $(STAMP)
+	@for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# For maintainers: re-execute every notebook top to bottom in a fresh kernel and save the outputs.
+notebooks: $(STAMP)
+	$(BIN)/python tools/execute_notebooks.py $(NOTEBOOK_DIRS)
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,308 @@
+"""The graph itself: node specs, validation, cycles, levels and the critical path.
+
+A graph is the seed's shape, kept everywhere in the collection::
+
+    nodes = {"pre": (str.strip, ["text"]), "model": (len, ["pre"])}
+
+``name -> (func, [dependency names])``.  A dependency is either another node or
+an *input*, a value handed to the executor.  This module only reasons about the
+shape; it never calls ``func`` (the simulator puts a stage spec there instead),
+and it imports nothing from the rest of the package.
+
+Introduced in notebook 02 (validation, Kahn's algorithm, cycles, levels) and
+notebook 03 (critical path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+NodeSpec = tuple[Any, Sequence[str]]
+Graph = Mapping[str, NodeSpec]
+
+__all__ = [
+    "CycleError",
+    "Graph",
+    "GraphError",
+    "InvalidNodeError",
+    "MissingDependencyError",
+    "NameConflictError",
+    "NodeSpec",
+    "critical_path",
+    "dependencies",
+    "find_cycle",
+    "levels",
+    "topological_order",
+    "validate_graph",
+]
+
+
+class GraphError(ValueError):
+    """Base of every problem with a graph's shape.
+
+    A ``ValueError``, so the seed's ``except ValueError`` keeps working.
+    """
+
+
+class CycleError(GraphError):
+    """The graph has a cycle; ``.cycle`` lists its nodes in data-flow order.
+
+    Each node in ``.cycle`` is a dependency of the next, and the last is a
+    dependency of the first (the same idea as :class:`graphlib.CycleError`).
+
+    >>> err = CycleError(["a", "b"])
+    >>> str(err), err.cycle
+    ('cycle: a -> b -> a', ['a', 'b'])
+    """
+
+    def __init__(self, cycle: Sequence[str]):
+        self.cycle = list(cycle)
+        super().__init__("cycle: " + " -> ".join([*self.cycle, self.cycle[0]]))
+
+
+class MissingDependencyError(GraphError):
+    """A node depends on names that are neither nodes nor inputs.
+
+    >>> str(MissingDependencyError("combine", ["modelC"]))
+    "node 'combine' depends on 'modelC', which is neither a node nor an input"
+    """
+
+    def __init__(self, node: str, missing: Sequence[str]):
+        self.node = node
+        self.missing = list(missing)
+        names = ", ".join(repr(m) for m in self.missing)
+        which = "which is" if len(self.missing) == 1 else "which are"
+        noun = "a node nor an input" if len(self.missing) == 1 else "nodes nor inputs"
+        super().__init__(f"node {node!r} depends on {names}, {which} neither {noun}")
+
+
+class NameConflictError(GraphError):
+    """A name is used both for an input and for a node: which value would win?"""
+
+    def __init__(self, name: str):
+        self.node = name
+        super().__init__(
+            f"{name!r} is both an input and a node; rename one of them so every value has one source"
+        )
+
+
+class InvalidNodeError(GraphError):
+    """A node entry is malformed (not ``(func, [deps])``, or a non-callable func)."""
+
+    def __init__(self, node: object, problem: str):
+        self.node = node
+        super().__init__(f"node {node!r}: {problem}")
+
+
+def _input_names(inputs: Iterable[str] | Mapping[str, Any]) -> set[str]:
+    # A mapping of input values or a plain collection of names both work.
+    if isinstance(inputs, str):
+        raise TypeError(f"inputs must be a collection of names, not the string {inputs!r}")
+    return set(inputs)
+
+
+def _check_entry(name: object, entry: object, require_callable: bool) -> tuple[Any, tuple[str, ...]]:
+    if not isinstance(name, str):
+        raise InvalidNodeError(name, f"node names must be strings, got {type(name).__name__}")
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+        raise InvalidNodeError(name, f"expected (func, [dependency names]), got {entry!r}")
+    func, deps = entry
+    if isinstance(deps, str):
+        raise InvalidNodeError(
+            name, f"dependencies must be a list of names, got the string {deps!r}; write [{deps!r}]"
+        )
+    if not isinstance(deps, (list, tuple)):
+        raise InvalidNodeError(name, f"dependencies must be a list of names, got {deps!r}")
+    for dep in deps:
+        if not isinstance(dep, str):
+            raise InvalidNodeError(name, f"dependency names must be strings, got {dep!r}")
+    if require_callable and not callable(func):
+        raise InvalidNodeError(name, f"func must be callable, got {type(func).__name__} {func!r}")
+    return func, tuple(deps)
+
+
+def validate_graph(
+    nodes: Graph,
+    inputs: Iterable[str] | Mapping[str, Any] = (),
+    *,
+    require_callable: bool = True,
+) -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """Check a graph completely and return it normalised to ``name -> (func, deps)``.
+
+    Checks, in this order, so the first message is the most basic problem:
+    every entry is ``(func, [names])`` (and ``func`` is callable unless
+    ``require_callable=False``), no name is both an input and a node, every
+    dependency exists, and there is no cycle.  Nothing is run.
+
+    >>> validate_graph({"double": (lambda x: 2 * x, ["x"])}, inputs={"x": 1})["double"][1]
+    ('x',)
+    >>> validate_graph({"a": (len, ["b"]), "b": (len, ["a"])})
+    Traceback (most recent call last):
+    ...
+    infergraph_lite.graph.CycleError: cycle: a -> b -> a
+    """
+    if not isinstance(nodes, Mapping):
+        raise TypeError(f"nodes must be a mapping name -> (func, [deps]), got {type(nodes).__name__}")
+    input_names = _input_names(inputs)
+    graph = {name: _check_entry(name, entry, require_callable) for name, entry in nodes.items()}
+    for name in graph:
+        if name in input_names:
+            raise NameConflictError(name)
+    for name, (_, deps) in graph.items():
+        missing = [d for d in dict.fromkeys(deps) if d not in graph and d not in input_names]
+        if missing:
+            raise MissingDependencyError(name, missing)
+    cycle = find_cycle(graph)
+    if cycle is not None:
+        raise CycleError(cycle)
+    return graph
+
+
+def dependencies(nodes: Graph, name: str) -> list[str]:
+    """The node dependencies of ``name`` (inputs left out), each once, in order.
+
+    >>> dependencies({"a": (len, ["x"]), "b": (len, ["a", "x", "a"])}, "b")
+    ['a']
+    """
+    return [d for d in dict.fromkeys(nodes[name][1]) if d in nodes]
+
+
+def find_cycle(nodes: Graph) -> list[str] | None:
+    """Return the nodes of one cycle in data-flow order, or ``None`` if there is none.
+
+    Each returned node is a dependency of the next one, and the last is a
+    dependency of the first.  The cycle is rotated to start at its smallest
+    name, so the answer does not depend on dict order.  Dependencies that are
+    not nodes (inputs) are ignored.  Iterative depth-first search: O(V + E),
+    and no recursion limit on long chains.
+
+    >>> find_cycle({"a": (len, ["c"]), "b": (len, ["a"]), "c": (len, ["b"])})
+    ['a', 'b', 'c']
+    >>> find_cycle({"a": (len, ["x"]), "b": (len, ["a"])}) is None
+    True
+    """
+    on_path: dict[str, int] = {}  # node -> its index in `path`, while being explored
+    done: set[str] = set()
+    for root in nodes:
+        if root in done:
+            continue
+        path = [root]
+        on_path[root] = 0
+        stack = [iter(nodes[root][1])]
+        while stack:
+            dep = next(stack[-1], None)
+            if dep is None:
+                finished = path.pop()
+                del on_path[finished]
+                done.add(finished)
+                stack.pop()
+            elif dep in on_path:
+                # path[i] depends on path[i+1]; reverse to get data-flow order.
+                cycle = path[on_path[dep]:][::-1]
+                start = cycle.index(min(cycle))
+                return cycle[start:] + cycle[:start]
+            elif dep in nodes and dep not in done:
+                on_path[dep] = len(path)
+                path.append(dep)
+                stack.append(iter(nodes[dep][1]))
+    return None
+
+
+def topological_order(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = ()) -> list[str]:
+    """Kahn's algorithm: every node after all its dependencies, in O(V + E).
+
+    Ties are broken by the order of ``nodes``, so the result is deterministic.
+    Raises the same errors as :func:`validate_graph`.
+
+    >>> topological_order({"c": (len, ["a", "b"]), "b": (len, ["a"]), "a": (len, ["x"])}, ["x"])
+    ['a', 'b', 'c']
+    """
+    graph = validate_graph(nodes, inputs, require_callable=False)
+    return [name for level in _kahn_generations(graph) for name in level]
+
+
+def _kahn_generations(graph: Graph) -> list[list[str]]:
+    # Kahn's algorithm, one generation at a time: a node enters the next
+    # generation when its last remaining dependency is taken out.
+    waiting = {name: len(dependencies(graph, name)) for name in graph}
+    dependents: dict[str, list[str]] = {name: [] for name in graph}
+    for name in graph:
+        for dep in dependencies(graph, name):
+            dependents[dep].append(name)
+    generation = [name for name, count in waiting.items() if count == 0]
+    generations = []
+    while generation:
+        generations.append(generation)
+        following = []
+        for name in generation:
+            for child in dependents[name]:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    following.append(child)
+        generation = following
+    return generations
+
+
+def levels(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = ()) -> list[list[str]]:
+    """Topological generations: the nodes that could run in parallel, level by level.
+
+    Level 0 holds the nodes that need only inputs; a node's level is one more
+    than the highest level among its node dependencies.  Names are sorted
+    within a level.  Raises the errors of :func:`validate_graph`.
+
+    >>> nodes = {
+    ...     "pre": (str.strip, ["text"]),
+    ...     "modelA": (len, ["pre"]),
+    ...     "modelB": (len, ["pre"]),
+    ...     "combine": (max, ["modelA", "modelB"]),
+    ... }
+    >>> levels(nodes, inputs=["text"])
+    [['pre'], ['modelA', 'modelB'], ['combine']]
+    """
+    graph = validate_graph(nodes, inputs, require_callable=False)
+    return [sorted(generation) for generation in _kahn_generations(graph)]
+
+
+def critical_path(
+    nodes: Graph, durations: Mapping[str, float] | Callable[[str], float]
+) -> tuple[list[str], float]:
+    """The longest path through the graph, weighting each node by its duration.
+
+    No schedule, however many workers, finishes sooner than ``total``: it is
+    the latency floor of parallel execution.  ``durations`` maps every node to
+    a non-negative time (or is a function of the node's name).  Dependencies
+    that are not nodes are inputs, ready at time 0.  Ties go to the
+    alphabetically smaller predecessor, so the answer is deterministic.
+
+    >>> nodes = {"pre": (None, ["text"]), "a": (None, ["pre"]), "b": (None, ["pre"]),
+    ...          "combine": (None, ["a", "b"])}
+    >>> critical_path(nodes, {"pre": 1.0, "a": 5.0, "b": 2.0, "combine": 1.0})
+    (['pre', 'a', 'combine'], 7.0)
+    """
+    inputs = {d for _, deps in nodes.values() for d in deps if d not in nodes}
+    graph = validate_graph(nodes, inputs, require_callable=False)
+    duration_of = durations if callable(durations) else None
+    finish: dict[str, float] = {}
+    best_predecessor: dict[str, str | None] = {}
+    for level in _kahn_generations(graph):
+        for name in level:
+            if duration_of is not None:
+                duration = duration_of(name)
+            elif name in durations:
+                duration = durations[name]
+            else:
+                raise ValueError(f"durations has no entry for node {name!r}")
+            if not duration >= 0:  # also rejects NaN
+                raise ValueError(f"duration of node {name!r} must be >= 0, got {duration!r}")
+            deps = sorted(dependencies(graph, name))
+            before = max(deps, key=lambda d: finish[d], default=None)
+            best_predecessor[name] = before
+            finish[name] = (finish[before] if before is not None else 0.0) + float(duration)
+    if not finish:
+        return [], 0.0
+    end = max(sorted(finish), key=finish.__getitem__)
+    path = [end]
+    while best_predecessor[path[-1]] is not None:
+        path.append(best_predecessor[path[-1]])
+    return path[::-1], finish[end]
