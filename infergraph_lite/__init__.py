@@ -3,6 +3,7 @@
 The public names below are the ones the notebooks, exercises and tests use.
 """
 
+from .batching import BatchError, DynamicBatcher, QueueFullError, profile_service_time
 from .execute import NodeError, TraceEvent, run_graph, run_graph_parallel
 from .graph import (
     CycleError,
@@ -17,21 +18,30 @@ from .graph import (
     validate_graph,
 )
 from .original import run_graph_original
+from .simulate import BatchingResult, UnstableLoadError, capacity, simulate_batching
 
 __all__ = [
+    "BatchError",
+    "BatchingResult",
     "CycleError",
+    "DynamicBatcher",
     "GraphError",
     "InvalidNodeError",
     "MissingDependencyError",
     "NameConflictError",
     "NodeError",
+    "QueueFullError",
     "TraceEvent",
+    "UnstableLoadError",
+    "capacity",
     "critical_path",
     "find_cycle",
     "levels",
+    "profile_service_time",
     "run_graph",
     "run_graph_original",
     "run_graph_parallel",
+    "simulate_batching",
     "topological_order",
     "validate_graph",
 ]

@@ -1,0 +1,116 @@
+"""Queueing theory the simulator is checked against (notebooks 04 and 05, and the tests).
+
+- Pollaczek-Khinchine: the mean wait of an M/G/1 queue from the first two
+  moments of the service time; M/D/1 and M/M/1 are its two textbook cases.
+- Greedy batching without a cap (the model of Y. Inoue, "Queueing analysis of
+  GPU-based inference servers with dynamic batching: a closed-form
+  characterization", Performance Evaluation, 2021): the sizes of successive
+  batches form a Markov chain, and the mean latency follows exactly from its
+  stationary distribution.  Computed here numerically, not by simulation.
+- Batch means: a confidence interval for the mean of correlated samples, which
+  is what the latencies of consecutive requests are.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "batch_means_interval",
+    "greedy_batching_mean_latency",
+    "md1_mean_latency",
+    "mm1_mean_latency",
+    "pk_mean_wait",
+]
+
+
+def pk_mean_wait(arrival_rate: float, mean_service: float, second_moment: float) -> float:
+    """Pollaczek-Khinchine: mean time in queue of M/G/1, ``lambda * E[S^2] / (2 (1 - rho))``.
+
+    >>> pk_mean_wait(0.5, 1.0, 1.0)    # M/D/1 at half load
+    0.5
+    """
+    rho = arrival_rate * mean_service
+    if not 0 <= rho < 1:
+        raise ValueError(f"load rho = arrival_rate * mean_service must be in [0, 1), got {rho!r}")
+    return arrival_rate * second_moment / (2 * (1 - rho))
+
+
+def md1_mean_latency(arrival_rate: float, service_time: float) -> float:
+    """Mean latency (wait + service) of M/D/1: ``s + rho * s / (2 (1 - rho))``.
+
+    >>> round(md1_mean_latency(0.9, 1.0), 9)
+    5.5
+    """
+    return service_time + pk_mean_wait(arrival_rate, service_time, service_time**2)
+
+
+def mm1_mean_latency(arrival_rate: float, mean_service: float) -> float:
+    """Mean latency of M/M/1: ``1 / (mu - lambda)`` (P-K with ``E[S^2] = 2 / mu^2``).
+
+    >>> round(mm1_mean_latency(0.5, 1.0), 6)
+    2.0
+    """
+    return mean_service + pk_mean_wait(arrival_rate, mean_service, 2 * mean_service**2)
+
+
+def greedy_batching_mean_latency(arrival_rate: float, alpha: float, beta: float, max_size: int = 2000) -> float:
+    """Exact mean latency of greedy batching with no cap and service ``alpha + beta * b``.
+
+    Greedy: a free server takes *everything* waiting.  So the next batch holds
+    the requests that arrived during the current batch's service — Poisson
+    with mean ``lambda * s(b)`` — or, if none did, the next single arrival,
+    served at once.  That makes successive batch sizes a Markov chain.  A
+    request in the next batch waited, on average, half of the current batch's
+    service (Poisson arrivals are uniform over it), then its own batch's
+    service.  The chain is truncated at ``max_size`` (checked negligible).
+
+    >>> round(greedy_batching_mean_latency(1e-6, 1.0, 0.5), 4)   # almost no load: one request, s(1)
+    1.5
+    """
+    if not 0 < arrival_rate * beta < 1:
+        raise ValueError(f"need 0 < arrival_rate * beta < 1 for stability, got {arrival_rate * beta!r}")
+    sizes = np.arange(1, max_size + 1)
+    service = alpha + beta * sizes
+    # P[next batch = k | current = b]: Poisson(lambda s(b)) at k >= 1, with the k = 0 mass moved to k = 1.
+    k = np.arange(0, max_size + 1)
+    log_fact = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, max_size + 1)))])
+    means = arrival_rate * service[:, None]
+    pmf = np.exp(k[None, :] * np.log(means) - means - log_fact[None, :])  # rows b, columns k = 0..max
+    transition = pmf[:, 1:].copy()
+    transition[:, 0] += pmf[:, 0]
+    if np.max(1 - transition.sum(axis=1)[: max_size // 2]) > 1e-9:
+        raise ValueError("max_size is too small for this load: raise it")
+    transition /= transition.sum(axis=1, keepdims=True)
+    # Stationary distribution: the left eigenvector for eigenvalue 1, by power iteration from uniform.
+    pi = np.full(max_size, 1.0 / max_size)
+    for _ in range(100_000):
+        nxt = pi @ transition
+        if np.abs(nxt - pi).sum() < 1e-14:
+            break
+        pi = nxt
+    # Per transition b -> k: total latency of the k requests of the new batch.
+    wait_if_arrived = service[:, None] / 2  # each arrived during the previous service, uniformly
+    total = pmf[:, 1:] * sizes[None, :] * (wait_if_arrived + service[None, :])
+    total_per_b = total.sum(axis=1) + pmf[:, 0] * service[0]  # idle: the next one is served alone, no wait
+    requests_per_b = (pmf[:, 1:] * sizes[None, :]).sum(axis=1) + pmf[:, 0]
+    return float(pi @ total_per_b / (pi @ requests_per_b))
+
+
+def batch_means_interval(samples: np.ndarray, n_batches: int = 20, z: float = 3.29) -> tuple[float, float]:
+    """Mean and half-width of a confidence interval by the method of batch means.
+
+    Consecutive latencies are correlated, so the naive standard error is too
+    small.  Means of ``n_batches`` long consecutive blocks are nearly
+    independent; their spread gives an honest interval.  ``z=3.29`` is 99.9 %.
+
+    >>> mean, half = batch_means_interval(np.arange(1000.0))
+    >>> mean, half > 0
+    (499.5, True)
+    """
+    samples = np.asarray(samples, dtype=float)
+    usable = len(samples) - len(samples) % n_batches
+    means = samples[:usable].reshape(n_batches, -1).mean(axis=1)
+    return float(samples.mean()), float(z * means.std(ddof=1) / math.sqrt(n_batches))

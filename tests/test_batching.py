@@ -1,0 +1,163 @@
+"""batching.py: the real batcher keeps every promise under load, failure and shutdown."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
+
+from infergraph_lite.batching import BatchError, DynamicBatcher, QueueFullError, profile_service_time
+
+
+def doubler(xs):
+    return [2 * x for x in xs]
+
+
+def test_every_request_answered_exactly_once_under_concurrent_submitters():
+    calls = []
+
+    def record(xs):
+        calls.append(list(xs))
+        return [x * 10 for x in xs]
+
+    with DynamicBatcher(record, max_batch_size=8, max_wait=0.002) as batcher:
+        futures: dict[int, Future] = {}
+        lock = threading.Lock()
+
+        def client(offset):
+            for i in range(offset, offset + 250):
+                f = batcher.submit(i)
+                with lock:
+                    futures[i] = f
+
+        threads = [threading.Thread(target=client, args=(k * 1000,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert {i: f.result() for i, f in futures.items()} == {i: i * 10 for i in futures}
+    served = [x for batch in calls for x in batch]
+    assert sorted(served) == sorted(futures) and len(served) == len(set(served)) == 1000
+    assert max(len(b) for b in calls) <= 8 and len(batcher.records) == 1000
+
+
+def test_batches_fill_to_the_cap_when_requests_are_waiting():
+    gate = threading.Event()
+    sizes = []
+
+    def slow(xs):
+        gate.wait(5)
+        sizes.append(len(xs))
+        return xs
+
+    with DynamicBatcher(slow, max_batch_size=4, max_wait=10.0) as batcher:
+        futures = [batcher.submit(i) for i in range(9)]  # first batch of 4 starts at once: the queue is full
+        time.sleep(0.05)
+        gate.set()
+        [f.result(timeout=5) for f in futures[:8]]
+    assert sizes[:2] == [4, 4] and sum(sizes) == 9  # the last one is drained by close()
+
+
+def test_a_lone_request_waits_for_the_window_then_runs_alone():
+    with DynamicBatcher(doubler, max_batch_size=16, max_wait=0.05) as batcher:
+        started = time.perf_counter()
+        assert batcher.submit(21).result(timeout=5) == 42
+        assert time.perf_counter() - started >= 0.045
+    record = batcher.records[0]
+    assert record.batch_size == 1 and record.queue_time >= 0.045 and record.latency >= record.queue_time
+
+
+def test_failing_batch_fails_its_futures_and_the_batcher_keeps_serving():
+    def flaky(xs):
+        if "bad" in xs:
+            raise ValueError("cannot parse 'bad'")
+        return [x.upper() for x in xs]
+
+    with DynamicBatcher(flaky, max_batch_size=2, max_wait=0.0) as batcher:
+        gate = batcher.submit("ok")  # greedy: likely alone; either way the next pair is a batch of its own
+        gate.result(timeout=5)
+        bad_pair = [batcher.submit("bad"), batcher.submit("x")]
+        for f in bad_pair:
+            with pytest.raises(BatchError, match=r"failed: ValueError: cannot parse 'bad'") as info:
+                f.result(timeout=5)
+            assert isinstance(info.value.__cause__, ValueError)
+        assert batcher.submit("still here").result(timeout=5) == "STILL HERE"
+
+
+def test_wrong_number_of_results_fails_the_batch_clearly():
+    with (
+        DynamicBatcher(lambda xs: xs[:-1], max_batch_size=3, max_wait=0.0) as batcher,
+        pytest.raises(BatchError, match=r"batch_fn returned 0 results for a batch of 1"),
+    ):
+        batcher.submit(1).result(timeout=5)
+
+
+def test_close_drains_everything_queued_and_then_refuses():
+    batcher = DynamicBatcher(doubler, max_batch_size=2, max_wait=60.0)  # the window alone would never fire
+    futures = [batcher.submit(i) for i in range(5)]
+    batcher.close()
+    assert [f.result(timeout=0) for f in futures] == [0, 2, 4, 6, 8]
+    with pytest.raises(RuntimeError, match=r"submit\(\) after close\(\)"):
+        batcher.submit(1)
+    assert not batcher._worker.is_alive()
+
+
+def test_full_queue_refuses_new_requests_but_loses_none():
+    gate = threading.Event()
+    with DynamicBatcher(lambda xs: gate.wait(5) and xs, max_batch_size=1, max_wait=0.0, max_queue_size=2) as b:
+        first = b.submit(0)
+        time.sleep(0.05)  # the worker has taken `first` and is blocked in batch_fn
+        queued = [b.submit(1), b.submit(2)]
+        with pytest.raises(QueueFullError, match=r"queue is full \(2 waiting"):
+            b.submit(3)
+        gate.set()
+    assert [f.result(timeout=5) for f in [first, *queued]] == [0, 1, 2]
+
+
+def test_cancelled_requests_are_skipped_not_run():
+    seen = []
+    gate = threading.Event()
+
+    def fn(xs):
+        gate.wait(5)
+        seen.extend(xs)
+        return xs
+
+    with DynamicBatcher(fn, max_batch_size=1, max_wait=0.0) as batcher:
+        running = batcher.submit("a")
+        time.sleep(0.05)
+        cancelled = batcher.submit("b")
+        assert cancelled.cancel()
+        gate.set()
+        assert running.result(timeout=5) == "a"
+    assert seen == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_fn": 3}, "batch_fn must be callable"),
+        ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1 or None, got 0"),
+        ({"max_wait": -1}, "max_wait must be a finite number of seconds >= 0, got -1"),
+        ({"max_queue_size": 0}, "max_queue_size must be an integer >= 1 or None, got 0"),
+    ],
+)
+def test_bad_parameters_are_named(kwargs, message):
+    args = {"batch_fn": doubler, "max_batch_size": 4, "max_wait": 0.01} | kwargs
+    with pytest.raises(ValueError, match=message):
+        DynamicBatcher(**args)
+
+
+def test_profile_recovers_a_known_linear_cost():
+    def fake_model(batch):
+        time.sleep(0.002 + 0.001 * len(batch))
+
+    profile = profile_service_time(fake_model, lambda b: [0] * b, [1, 4, 8], repeats=3)
+    assert profile.beta == pytest.approx(0.001, rel=0.3)
+    assert profile.alpha == pytest.approx(0.002, abs=0.0015)
+    assert np.all(np.diff(profile.seconds) > 0)
+    with pytest.raises(ValueError, match="at least two batch sizes"):
+        profile_service_time(fake_model, lambda b: [0] * b, [4])
