@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BatchError", "DynamicBatcher", "QueueFullError", "RequestRecord", "ServiceProfile",
-           "profile_service_time"]
+           "profile_service_time", "run_open_loop"]
 
 
 class BatchError(RuntimeError):
@@ -193,3 +193,33 @@ def profile_service_time(
     sizes_arr, seconds = np.asarray(sizes, dtype=float), np.asarray(medians)
     beta, alpha = np.polyfit(sizes_arr, seconds, 1)
     return ServiceProfile(np.asarray(sizes), seconds, float(max(alpha, 0.0)), float(max(beta, 0.0)))
+
+
+def run_open_loop(batcher: DynamicBatcher, arrivals: Sequence[float], make_item: Callable[[int], Any]) -> np.ndarray:
+    """Submit request ``i`` at time ``arrivals[i]`` seconds from now, whatever the server is doing.
+
+    *Open loop*: arrivals do not wait for answers, as with many independent
+    users, so a slow server builds a queue instead of slowing the load down
+    (a closed-loop load test hides exactly the queueing we want to measure).
+    Returns each request's latency in seconds, submit to result, in arrival order.
+
+    >>> with DynamicBatcher(lambda xs: xs, max_batch_size=4, max_wait=0.001) as b:
+    ...     latencies = run_open_loop(b, [0.0, 0.001, 0.002], make_item=lambda i: i)
+    >>> latencies.shape, bool((latencies > 0).all())
+    ((3,), True)
+    """
+    done_at = [math.nan] * len(arrivals)
+    futures = []
+    start = time.perf_counter()
+    submitted_at = []
+    for i, offset in enumerate(arrivals):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        submitted_at.append(time.perf_counter())
+        future = batcher.submit(make_item(i))
+        future.add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.perf_counter()))
+        futures.append(future)
+    for future in futures:
+        future.result()
+    return np.asarray(done_at) - np.asarray(submitted_at)
