@@ -18,9 +18,10 @@ from .graph import (
     validate_graph,
 )
 from .original import run_graph_original
-from .simulate import BatchingResult, UnstableLoadError, capacity, simulate_batching
+from .simulate import AIMD, BatchingResult, UnstableLoadError, capacity, simulate_batching
 
 __all__ = [
+    "AIMD",
     "BatchError",
     "BatchingResult",
     "CycleError",

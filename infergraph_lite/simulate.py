@@ -18,6 +18,7 @@ Introduced in notebook 04 (one server, FIFO) and notebook 05 (batching).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BatchingResult", "ServiceTime", "UnstableLoadError", "capacity", "service_time_fn",
+__all__ = ["AIMD", "BatchingResult", "ServiceTime", "UnstableLoadError", "capacity", "service_time_fn",
            "simulate_batching"]
 
 ServiceTime = float | tuple[float, float] | Callable[[int], float]
@@ -88,6 +89,46 @@ def capacity(service_time: ServiceTime, max_batch_size: int | None = 1, replicas
     return replicas * max(b / s(b) for b in sizes)
 
 
+@dataclass
+class AIMD:
+    """Clipper's adaptive batch cap: additive increase, multiplicative decrease.
+
+    After each batch, if its service time stayed within ``latency_target`` the
+    cap grows by ``increase``; otherwise it shrinks to ``(1 - decrease)`` of
+    itself.  It needs no model of s(b): it probes for the largest batch that
+    meets the target, and keeps probing, so it follows a model whose speed
+    changes.  (Crankshaw et al., "Clipper", NSDI 2017, section 4.3.)
+
+    >>> controller = AIMD(latency_target=5.0, decrease=0.5)
+    >>> controller.observe(4.0); controller.cap
+    2
+    >>> controller.observe(6.0); controller.cap
+    1
+    """
+
+    latency_target: float
+    increase: int = 1
+    decrease: float = 0.1
+    cap: int = 1
+    max_size: int = 4096
+
+    def __post_init__(self) -> None:
+        _check("AIMD latency_target", self.latency_target)
+        if not isinstance(self.increase, int) or self.increase < 1:
+            raise ValueError(f"AIMD increase must be an integer >= 1, got {self.increase!r}")
+        if not 0 < self.decrease < 1:
+            raise ValueError(f"AIMD decrease must be a fraction in (0, 1), got {self.decrease!r}")
+        if not isinstance(self.cap, int) or not 1 <= self.cap <= self.max_size:
+            raise ValueError(f"AIMD cap must be an integer in [1, max_size={self.max_size}], got {self.cap!r}")
+
+    def observe(self, service_time: float) -> None:
+        """Adjust the cap after a batch that took ``service_time``."""
+        if service_time <= self.latency_target:
+            self.cap = min(self.cap + self.increase, self.max_size)
+        else:
+            self.cap = max(1, math.floor(self.cap * (1 - self.decrease)))
+
+
 @dataclass(frozen=True)
 class BatchingResult:
     """Per-request times of a simulated run (warm-up already removed) and their summaries.
@@ -141,7 +182,7 @@ def _check(name: str, value: float, positive: bool = True) -> float:
 def simulate_batching(
     arrival_rate: float | None,
     service_time: ServiceTime,
-    max_batch_size: int | None = 1,
+    max_batch_size: int | AIMD | None = 1,
     max_wait: float = 0.0,
     n_requests: int = 100_000,
     seed: int = 0,
@@ -154,7 +195,10 @@ def simulate_batching(
 
     ``arrival_rate`` is in requests per time unit; ``service_time`` is a
     number, ``(alpha, beta)`` for ``alpha + beta * b``, or a callable
-    ``b -> time``, all in the same unit.  Pass ``arrivals`` (sorted times) to
+    ``b -> time``, all in the same unit.  ``max_batch_size`` is a fixed cap,
+    None for no cap, or an :class:`AIMD` controller (a copy is used, so the
+    caller's stays as it was; it observes each batch when it is formed, which
+    equals "when it finishes" for one replica).  Pass ``arrivals`` (sorted times) to
     replay a trace instead; then ``arrival_rate`` may be None.  The first
     ``warmup`` fraction of requests is dropped from the result.
 
@@ -170,8 +214,11 @@ def simulate_batching(
     >>> round(r.mean_latency, 1), round(r.throughput, 2), round(r.utilization, 2)
     (1.5, 0.5, 0.5)
     """
-    if max_batch_size is not None and (not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1):
-        raise ValueError(f"max_batch_size must be an integer >= 1 or None, got {max_batch_size!r}")
+    controller = dataclasses.replace(max_batch_size) if isinstance(max_batch_size, AIMD) else None
+    if controller is not None:
+        max_batch_size = controller.max_size  # the most it can ever take, for the capacity check
+    elif max_batch_size is not None and (not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1):
+        raise ValueError(f"max_batch_size must be an integer >= 1, None or an AIMD, got {max_batch_size!r}")
     if not isinstance(replicas, (int, np.integer)) or replicas < 1:
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
     max_wait = _check("max_wait", max_wait, positive=False)
@@ -211,6 +258,8 @@ def simulate_batching(
     batch_end: list[float] = []
     i = 0
     while i < n:
+        if controller is not None:
+            cap_b = controller.cap
         free = heapq.heappop(free_at)
         oldest = arrival_list[i]
         full_at = arrival_list[i + cap_b - 1] if i + cap_b - 1 < n else math.inf
@@ -223,6 +272,8 @@ def simulate_batching(
                 duration = service_of[size] = s(size)
         else:
             duration = s(size)
+        if controller is not None:
+            controller.observe(duration)
         batch_first.append(i)
         batch_start.append(start)
         batch_end.append(start + duration)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infergraph_lite.simulate import UnstableLoadError, capacity, simulate_batching
+from infergraph_lite.simulate import AIMD, UnstableLoadError, capacity, simulate_batching
 from infergraph_lite.theory import (
     batch_means_interval,
     greedy_batching_mean_latency,
@@ -151,8 +151,8 @@ def test_unstable_load_is_reported_with_the_capacity():
         ({"service_time": (-1.0, 0.5)}, r"service_time \(alpha, beta\) must be >= 0"),
         ({"service_time": (1.0, 2.0, 3.0)}, r"must be \(alpha, beta\)"),
         ({"service_time": lambda b: 0.0}, r"service_time\(1\) returned 0.0"),
-        ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1 or None, got 0"),
-        ({"max_batch_size": 2.5}, "max_batch_size must be an integer >= 1 or None, got 2.5"),
+        ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1, None or an AIMD, got 0"),
+        ({"max_batch_size": 2.5}, "max_batch_size must be an integer >= 1, None or an AIMD, got 2.5"),
         ({"max_wait": -0.1}, "max_wait must be >= 0, got -0.1"),
         ({"replicas": 0}, "replicas must be an integer >= 1, got 0"),
         ({"n_requests": 1}, "n_requests must be an integer >= 2, got 1"),
@@ -164,3 +164,23 @@ def test_bad_parameters_are_named(kwargs, message):
     args = {"arrival_rate": 0.5, "service_time": 1.0} | kwargs
     with pytest.raises(ValueError, match=message):
         simulate_batching(**args)
+
+
+def test_aimd_settles_on_the_largest_batch_within_its_target_and_keeps_probing():
+    # s(b) = 2 + 0.15 b meets a 5.0 target up to b = 20.
+    controller = AIMD(latency_target=5.0, decrease=0.1)
+    r = simulate_batching(20.0, (2.0, 0.15), controller, n_requests=50_000, allow_unstable=True)
+    firsts = np.unique(r.start, return_index=True)[1]
+    sizes = r.batch_size[firsts]
+    assert sizes.max() == 21  # one probe past the target, then back off
+    assert 18 <= np.median(sizes) <= 20
+    assert controller.cap == 1, "the caller's controller must not be changed"
+
+
+def test_aimd_bad_settings_are_named():
+    with pytest.raises(ValueError, match=r"AIMD decrease must be a fraction in \(0, 1\), got 1.5"):
+        AIMD(5.0, decrease=1.5)
+    with pytest.raises(ValueError, match="AIMD latency_target must be > 0"):
+        AIMD(0.0)
+    with pytest.raises(ValueError, match="AIMD increase must be an integer >= 1, got 0"):
+        AIMD(5.0, increase=0)
