@@ -47,7 +47,7 @@ class RequestRecord:
         return self.queue_time + self.service_time
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     item: Any
     future: Future
@@ -84,12 +84,18 @@ class DynamicBatcher:
         self.max_batch_size = max_batch_size
         self.max_wait = float(max_wait)
         self.max_queue_size = max_queue_size
-        self.records: list[RequestRecord] = []
+        self._records: list[tuple[float, float, int]] = []  # raw, cheap to append on the worker's hot path
         self._queue: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._serve, name="dynamic-batcher", daemon=True)
         self._worker.start()
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """One :class:`RequestRecord` per request served so far, in the order batches finished."""
+        with self._cond:
+            return [RequestRecord(*raw) for raw in self._records]
 
     def submit(self, item: Any) -> Future:
         """Queue one request; its :class:`~concurrent.futures.Future` resolves to its result."""
@@ -100,7 +106,12 @@ class DynamicBatcher:
                 raise QueueFullError(f"queue is full ({self.max_queue_size} waiting, max_queue_size); request refused")
             future: Future = Future()
             self._queue.append(_Pending(item, future, time.perf_counter()))
-            self._cond.notify()
+            # Wake the worker only when it may be idle (queue was empty) or a batch just filled: otherwise it
+            # is busy or waiting out the window, and will look again by itself.  Waking it for every request
+            # costs a lock and GIL hand-over per request and makes it start batches of one.
+            queued = len(self._queue)
+            if queued == 1 or queued == self.max_batch_size:
+                self._cond.notify()
         return future
 
     def close(self) -> None:
@@ -146,9 +157,9 @@ class DynamicBatcher:
                 results, error = [], BatchError(f"batch of {len(batch)} failed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
             ended = time.perf_counter()
+            service, size = ended - started, len(batch)
             with self._cond:
-                self.records.extend(
-                    RequestRecord(started - p.submitted, ended - started, len(batch)) for p in batch)
+                self._records.extend((started - p.submitted, service, size) for p in batch)
             for i, pending in enumerate(batch):
                 if error is None:
                     pending.future.set_result(results[i])

@@ -103,6 +103,13 @@ def _input_names(inputs: Iterable[str] | Mapping[str, Any]) -> set[str]:
 
 
 def _check_entry(name: object, entry: object, require_callable: bool) -> tuple[Any, tuple[str, ...]]:
+    # Fast path for the common, well-formed entry; anything else falls through to the checks that explain.
+    if type(entry) is tuple and len(entry) == 2 and type(name) is str:
+        func, deps = entry
+        if (type(deps) is list or type(deps) is tuple) and (not require_callable or callable(func)):
+            deps = tuple(deps)
+            if all(type(d) is str for d in deps):
+                return func, deps
     if not isinstance(name, str):
         raise InvalidNodeError(name, f"node names must be strings, got {type(name).__name__}")
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
@@ -142,21 +149,55 @@ def validate_graph(
     ...
     infergraph_lite.graph.CycleError: cycle: a -> b -> a
     """
+    return _prepare(nodes, inputs, require_callable)[0]
+
+
+def _prepare(
+    nodes: Graph, inputs: Iterable[str] | Mapping[str, Any], require_callable: bool
+) -> tuple[dict[str, tuple[Any, tuple[str, ...]]], list[list[str]]]:
+    # Validate once and return the normalised graph with its Kahn generations,
+    # so no caller walks the graph twice.  Kahn's algorithm finds cycles by
+    # itself (nodes never become ready); the depth-first search runs only then,
+    # to say which nodes form one.
     if not isinstance(nodes, Mapping):
         raise TypeError(f"nodes must be a mapping name -> (func, [deps]), got {type(nodes).__name__}")
     input_names = _input_names(inputs)
-    graph = {name: _check_entry(name, entry, require_callable) for name, entry in nodes.items()}
-    for name in graph:
-        if name in input_names:
-            raise NameConflictError(name)
-    for name, (_, deps) in graph.items():
+    dependents: dict[str, list[str]] = {name: [] for name in nodes}
+    waiting: dict[str, int] = {}
+    graph: dict[str, tuple[Any, tuple[str, ...]]] = {}
+    first_missing = None
+    # One pass checks each entry and counts its node dependencies.  A dependency
+    # listed twice is counted (and later released) twice, which keeps Kahn exact.
+    for name, entry in nodes.items():
+        # Fast path inline (this loop is every executor's start-up cost); anything
+        # unusual goes to _check_entry, which explains what is wrong.
+        if type(entry) is tuple and len(entry) == 2 and type(name) is str and type(entry[1]) in (list, tuple) and (
+            not require_callable or callable(entry[0])
+        ):
+            func, deps = entry
+        else:
+            func, deps = _check_entry(name, entry, require_callable)
+        count = 0
+        for dep in deps:
+            if type(dep) is not str:
+                _check_entry(name, entry, require_callable)  # raises: a dependency name that is no string
+            if dep in dependents:
+                dependents[dep].append(name)
+                count += 1
+            elif first_missing is None and dep not in input_names:
+                first_missing = name  # reported after every entry is known to be well formed
+        graph[name] = (func, deps if type(deps) is tuple else tuple(deps))
+        waiting[name] = count
+    if not input_names.isdisjoint(graph):
+        raise NameConflictError(next(name for name in graph if name in input_names))
+    if first_missing is not None:
+        deps = graph[first_missing][1]
         missing = [d for d in dict.fromkeys(deps) if d not in graph and d not in input_names]
-        if missing:
-            raise MissingDependencyError(name, missing)
-    cycle = find_cycle(graph)
-    if cycle is not None:
-        raise CycleError(cycle)
-    return graph
+        raise MissingDependencyError(first_missing, missing)
+    generations = _kahn_generations(waiting, dependents)
+    if sum(map(len, generations)) != len(graph):
+        raise CycleError(find_cycle(graph) or [])
+    return graph, generations
 
 
 def dependencies(nodes: Graph, name: str) -> list[str]:
@@ -218,18 +259,14 @@ def topological_order(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = 
     >>> topological_order({"c": (len, ["a", "b"]), "b": (len, ["a"]), "a": (len, ["x"])}, ["x"])
     ['a', 'b', 'c']
     """
-    graph = validate_graph(nodes, inputs, require_callable=False)
-    return [name for level in _kahn_generations(graph) for name in level]
+    generations = _prepare(nodes, inputs, require_callable=False)[1]
+    return [name for generation in generations for name in generation]
 
 
-def _kahn_generations(graph: Graph) -> list[list[str]]:
-    # Kahn's algorithm, one generation at a time: a node enters the next
-    # generation when its last remaining dependency is taken out.
-    waiting = {name: len(dependencies(graph, name)) for name in graph}
-    dependents: dict[str, list[str]] = {name: [] for name in graph}
-    for name in graph:
-        for dep in dependencies(graph, name):
-            dependents[dep].append(name)
+def _kahn_generations(waiting: dict[str, int], dependents: Mapping[str, list[str]]) -> list[list[str]]:
+    # Kahn's algorithm, one generation at a time.  `waiting` counts each node's
+    # unfinished node dependencies; a node joins the next generation when its
+    # last one is taken out.  (`waiting` is used up.)
     generation = [name for name, count in waiting.items() if count == 0]
     generations = []
     while generation:
@@ -260,8 +297,7 @@ def levels(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = ()) -> list
     >>> levels(nodes, inputs=["text"])
     [['pre'], ['modelA', 'modelB'], ['combine']]
     """
-    graph = validate_graph(nodes, inputs, require_callable=False)
-    return [sorted(generation) for generation in _kahn_generations(graph)]
+    return [sorted(generation) for generation in _prepare(nodes, inputs, require_callable=False)[1]]
 
 
 def critical_path(
@@ -281,11 +317,11 @@ def critical_path(
     (['pre', 'a', 'combine'], 7.0)
     """
     inputs = {d for _, deps in nodes.values() for d in deps if d not in nodes}
-    graph = validate_graph(nodes, inputs, require_callable=False)
+    graph, generations = _prepare(nodes, inputs, require_callable=False)
     duration_of = durations if callable(durations) else None
     finish: dict[str, float] = {}
     best_predecessor: dict[str, str | None] = {}
-    for level in _kahn_generations(graph):
+    for level in generations:
         for name in level:
             if duration_of is not None:
                 duration = duration_of(name)

@@ -248,10 +248,56 @@ def simulate_batching(
         )
 
     n = len(times)
-    arrival_list = times.tolist()  # bisect on a list is several times faster than np.searchsorted per call
     cap_b = n if max_batch_size is None else int(max_batch_size)
+    if controller is None and cap_b == 1 and replicas == 1 and not callable(service_time):
+        firsts, starts, ends = _fifo_vectorised(times, s(1))
+    else:
+        firsts, starts, ends = _batch_by_batch(times, s, cap_b, max_wait, replicas, controller,
+                                               deterministic=not callable(service_time))
+    sizes = np.diff(np.append(firsts, n))
+    start_per = np.repeat(starts, sizes)
+    end_per = np.repeat(ends, sizes)
+    size_per = np.repeat(sizes, sizes)
+    skip = int(warmup * n)
+    window_start = end_per[:skip].max() if skip else times[0]
+    window_end = end_per[skip:].max()
+    measured_batches = firsts >= skip
+    busy = float(np.sum(ends[measured_batches] - starts[measured_batches]))
+    span = window_end - window_start
+    return BatchingResult(
+        arrival=times[skip:],
+        start=start_per[skip:],
+        finish=end_per[skip:],
+        batch_size=size_per[skip:],
+        throughput=float((n - skip) / span) if span > 0 else math.inf,
+        utilization=float(busy / (replicas * span)) if span > 0 else 1.0,
+        offered_load=float(offered),
+    )
+
+
+def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # One server, batches of one, a fixed service time s: Lindley's recursion
+    # d[i] = max(a[i], d[i-1]) + s.  With e[i] = d[i] - (i+1)s it becomes
+    # e[i] = max(e[i-1], a[i] - i*s): a running maximum, which numpy does in C.
+    index = np.arange(len(times))
+    ends = np.maximum.accumulate(times - index * service) + (index + 1) * service
+    return index, ends - service, ends
+
+
+def _batch_by_batch(
+    times: np.ndarray,
+    s: Callable[[int], float],
+    cap_b: int,
+    max_wait: float,
+    replicas: int,
+    controller: AIMD | None,
+    deterministic: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # The general case: one loop iteration per batch.  Returns each batch's
+    # first request index, start time and end time.
+    n = len(times)
+    arrival_list = times.tolist()  # bisect on a list is several times faster than np.searchsorted per call
     service_of: dict[int, float] = {}
-    deterministic = not callable(service_time)
     free_at = [0.0] * replicas  # a heap of the times each server becomes free
     batch_first: list[int] = []
     batch_start: list[float] = []
@@ -279,24 +325,4 @@ def simulate_batching(
         batch_end.append(start + duration)
         heapq.heappush(free_at, start + duration)
         i += size
-
-    firsts = np.array(batch_first)
-    sizes = np.diff(np.append(firsts, n))
-    start_per = np.repeat(np.array(batch_start), sizes)
-    end_per = np.repeat(np.array(batch_end), sizes)
-    size_per = np.repeat(sizes, sizes)
-    skip = int(warmup * n)
-    window_start = end_per[:skip].max() if skip else times[0]
-    window_end = end_per[skip:].max()
-    measured_batches = firsts >= skip
-    busy = float(np.sum(np.array(batch_end)[measured_batches] - np.array(batch_start)[measured_batches]))
-    span = window_end - window_start
-    return BatchingResult(
-        arrival=times[skip:],
-        start=start_per[skip:],
-        finish=end_per[skip:],
-        batch_size=size_per[skip:],
-        throughput=float((n - skip) / span) if span > 0 else math.inf,
-        utilization=float(busy / (replicas * span)) if span > 0 else 1.0,
-        offered_load=float(offered),
-    )
+    return np.array(batch_first), np.array(batch_start), np.array(batch_end)

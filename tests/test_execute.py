@@ -158,3 +158,18 @@ def test_parallel_numpy_results_match_sequential():
     }
     inputs = {"x": rng.standard_normal((64, 64))}
     np.testing.assert_array_equal(run_graph(nodes, inputs)["sum"], run_graph_parallel(nodes, inputs)["sum"])
+
+
+def test_parallel_can_reuse_a_callers_pool_and_leaves_it_running():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=3, thread_name_prefix="server") as pool:
+        trace: list[TraceEvent] = []
+        for _ in range(3):  # many requests, one pool
+            assert run_graph_parallel(banana_nodes(), BANANA_INPUTS, pool=pool, trace=trace)["combine"] == {
+                "len": 6, "a_count": 3}
+        assert {e.thread.split("_")[0] for e in trace} == {"server"}
+        nodes = dict(banana_nodes(), modelB=(lambda s: 1 / 0, ["pre"]))
+        with pytest.raises(NodeError, match="node 'modelB' failed"):
+            run_graph_parallel(nodes, BANANA_INPUTS, pool=pool)
+        assert pool.submit(lambda: "still serving").result() == "still serving"

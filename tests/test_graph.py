@@ -79,6 +79,7 @@ def test_name_used_as_input_and_node_is_rejected():
         ((len, "x"), r"node 'bad': dependencies must be a list of names, got the string 'x'; write \['x'\]"),
         ((len, {"x"}), r"node 'bad': dependencies must be a list of names, got \{'x'\}"),
         ((len, [1]), r"node 'bad': dependency names must be strings, got 1"),
+        ((len, [["x"]]), r"node 'bad': dependency names must be strings, got \['x'\]"),
         (("len", ["x"]), r"node 'bad': func must be callable, got str 'len'"),
     ],
 )

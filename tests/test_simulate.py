@@ -184,3 +184,10 @@ def test_aimd_bad_settings_are_named():
         AIMD(0.0)
     with pytest.raises(ValueError, match="AIMD increase must be an integer >= 1, got 0"):
         AIMD(5.0, increase=0)
+
+
+def test_vectorised_fifo_matches_the_batch_by_batch_loop_on_a_long_run():
+    fast = simulate_batching(0.95, 1.0, n_requests=50_000, seed=11)  # constant service: vectorised path
+    loop = simulate_batching(0.95, lambda b: 1.0, n_requests=50_000, seed=11)  # a callable: the general loop
+    np.testing.assert_allclose(fast.finish, loop.finish, rtol=0, atol=1e-8)
+    assert fast.throughput == pytest.approx(loop.throughput) and fast.utilization == pytest.approx(loop.utilization)

@@ -1,0 +1,70 @@
+"""DynamicBatcher: saturated throughput against the model's own capacity, and added latency at low load.
+
+Targets (issue 5): saturated throughput / (b / s(b)) >= 0.85, both measured in the same run; and the
+latency the batcher adds to a lone request (greedy, so no window), in microseconds.
+
+    python benchmarks/bench_batcher.py      (or: make bench)
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+import numpy as np
+from _timing import best_of, machine, table, verdict
+
+from infergraph_lite import DynamicBatcher
+from infergraph_lite.models import TinyMLP
+
+
+def main() -> None:
+    rows, targets = [], []
+    for label, mlp, b in [("TinyMLP 2048-2048-16", TinyMLP(2048, 2048, 16), 16),
+                          ("TinyMLP 256-1024-16 (fast model)", TinyMLP(), 32)]:
+        requests = np.random.default_rng(0).standard_normal((b, mlp.in_dim))
+
+        def batch_fn(xs, mlp=mlp):
+            return list(mlp(np.stack(xs)))
+
+        # The model alone, on a full batch: its capacity b / s(b).
+        s_b = best_of(lambda mlp=mlp, requests=requests: mlp(requests), 15)
+        model_capacity = b / s_b
+        # Saturate the batcher: everything queued up front, so every batch is full.
+        n = 200 * b
+        gc.collect()
+        gc.freeze()  # no full collections in the middle of the measurement (see notebook 05)
+        with DynamicBatcher(batch_fn, max_batch_size=b, max_wait=0.0) as batcher:
+            started = time.perf_counter()
+            futures = [batcher.submit(requests[i % b]) for i in range(n)]
+            for f in futures:
+                f.result()
+            elapsed = time.perf_counter() - started
+        gc.unfreeze()
+        throughput = n / elapsed
+        ratio = throughput / model_capacity
+        rows.append([label, b, s_b * 1e3, model_capacity, throughput, ratio])
+        targets.append([f"saturated throughput / b/s(b), {label}", ratio, ">= 0.85", verdict(ratio, 0.85, "higher")])
+
+        # Low load: one request at a time; what does the batcher add to calling the model directly?
+        one = requests[:1]
+        direct = [0.0] * 200
+        via = [0.0] * 200
+        with DynamicBatcher(batch_fn, max_batch_size=b, max_wait=0.0) as batcher:
+            for k in range(200):
+                t0 = time.perf_counter()
+                batch_fn([one[0]])
+                direct[k] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                batcher.submit(one[0]).result()
+                via[k] = time.perf_counter() - t0
+        added = statistics.median(via) - statistics.median(direct)
+        targets.append([f"added latency per request at low load (us, median), {label}", added * 1e6, "(info)", ""])
+    table(f"DynamicBatcher under saturation ({machine()})",
+          ["model", "max_batch_size", "s(b) ms", "model b/s(b) req/s", "batcher req/s", "ratio"], rows)
+    table("Targets", ["measure", "value", "target", "verdict"], targets)
+
+
+if __name__ == "__main__":
+    main()
