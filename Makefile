@@ -11,7 +11,7 @@ PIP    := $(BIN)/python -m pip --quiet --disable-pip-version-check
 NOTEBOOK_DIRS := $(wildcard notebooks exercises solutions)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 
-.PHONY: lab test bench lint notebooks clean
+.PHONY: lab test bench lint notebooks exercises clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), f"infergraph needs Python 3.10 or newer, found {sys.version.split()[0]}"'
@@ -35,6 +35,10 @@ lint: $(STAMP)
 # For maintainers: re-execute every notebook top to bottom in a fresh kernel and save the outputs.
 notebooks: $(STAMP)
 	$(BIN)/python tools/execute_notebooks.py $(NOTEBOOK_DIRS)
+
+# For maintainers: after editing solutions/, regenerate (and run) exercises/ from them.
+exercises: $(STAMP)
+	$(BIN)/python tools/make_exercises.py
 
 clean:
 	rm -rf $(VENV)

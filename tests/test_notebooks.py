@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for d in ("notebooks", "exercises", "solutions") for p in (ROOT / d).glob("*.ipynb"))
 ALLOWED_TAGS = {"raises-exception", "nbval-ignore-output"}
+ANSWER_TAG = "answer"  # marks a written answer in solutions/, which tools/make_exercises.py empties
 
 
 def code_cells(path: Path) -> list[dict]:
@@ -35,6 +36,11 @@ def test_notebook_is_saved_from_one_clean_run(path: Path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_errors_only_where_tagged_and_only_known_tags(path: Path):
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    for cell in cells:
+        if ANSWER_TAG in cell.get("metadata", {}).get("tags", []):
+            assert path.parent.name == "solutions" and cell["cell_type"] == "markdown", (
+                "the answer tag marks written answers in solutions/ only")
     for cell in code_cells(path):
         tags = set(cell.get("metadata", {}).get("tags", []))
         assert tags <= ALLOWED_TAGS, f"unexpected tags {tags - ALLOWED_TAGS} in cell {cell['execution_count']}"

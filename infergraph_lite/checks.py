@@ -1,0 +1,479 @@
+"""Exercise checkers: each runs a learner's answer and says, specifically, what is right or wrong.
+
+A checker never raises into the notebook.  It returns :class:`Feedback`,
+shown as one line: ``Correct``, ``Not right yet`` with the reason, or
+``Not done yet`` while the exercise still holds its stub.
+
+Used by the notebooks in exercises/ and solutions/.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .execute import run_graph
+from .graph import critical_path, levels
+from .models import banana_nodes
+from .simulate import capacity, simulate_batching
+
+__all__ = [
+    "Feedback",
+    "check_add_postprocess",
+    "check_batch_sizes_greedy",
+    "check_batching_capacity",
+    "check_best_node_to_speed_up",
+    "check_confidence_gate",
+    "check_fewest_replicas",
+    "check_find_cycle_nodes",
+    "check_missing_dependencies",
+    "check_modelC",
+    "check_parallel_speedup_bound",
+    "check_run_graph_with_levels",
+    "check_run_levels_parallel",
+    "check_run_only_needed",
+    "check_triton_ensemble",
+    "check_variability_penalty",
+    "check_window_tradeoff",
+    "parse_pbtxt",
+]
+
+BANANA = {"text": "  BANANA  "}
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The verdict on one exercise; its repr is what the check cell shows."""
+
+    status: str  # "correct", "wrong" or "not done"
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "correct"
+
+    def __repr__(self) -> str:
+        label = {"correct": "Correct", "wrong": "Not right yet", "not done": "Not done yet"}[self.status]
+        return f"{label}: {self.message}"
+
+
+class _Wrong(Exception):
+    """Raised inside a checker to report a wrong answer."""
+
+
+def _checker(func: Callable[..., str]) -> Callable[..., Feedback]:
+    # Turn a check that returns a success message (or raises _Wrong) into one that returns Feedback,
+    # whatever the learner's code does.
+    def wrapper(*args: Any, **kwargs: Any) -> Feedback:
+        try:
+            return Feedback("correct", func(*args, **kwargs))
+        except NotImplementedError as stub:
+            hint = f" Hint: {stub}" if str(stub) else ""
+            return Feedback("not done", f"replace the NotImplementedError stub with your answer.{hint}")
+        except _Wrong as wrong:
+            return Feedback("wrong", str(wrong))
+        except Exception as exc:  # noqa: BLE001 - a learner's bug is feedback, not a crash
+            return Feedback("wrong", f"your code raised {type(exc).__name__}: {exc}")
+
+    wrapper.__name__, wrapper.__doc__ = func.__name__, func.__doc__
+    return wrapper
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise _Wrong(message)
+
+
+# --- 01 · Inference is a pipeline -------------------------------------------------------------------
+
+
+@_checker
+def check_add_postprocess(add_postprocess: Callable[[dict], dict]) -> str:
+    """Exercise 01.1: a ``postprocess`` node after ``combine`` that formats ``'len=6 a_count=3'``."""
+    original = banana_nodes()
+    before = dict(original)
+    nodes = add_postprocess(original)
+    _expect(original == before, "add_postprocess changed the graph it was given; return a new dict instead")
+    _expect(isinstance(nodes, dict) and "postprocess" in nodes, "the returned graph has no 'postprocess' node")
+    deps = list(nodes["postprocess"][1])
+    _expect(deps == ["combine"], f"postprocess should depend on ['combine'] only, not {deps}")
+    _expect(set(nodes) == set(before) | {"postprocess"}, "keep every original node, and add only postprocess")
+    out = run_graph(nodes, BANANA)["postprocess"]
+    _expect(out == "len=6 a_count=3", f"for '  BANANA  ' postprocess returned {out!r}, "
+                                      "expected 'len=6 a_count=3'")
+    other = run_graph(nodes, {"text": "Alfalfa"})["postprocess"]
+    _expect(other == "len=7 a_count=3", f"for 'Alfalfa' it returned {other!r}: compute from combine, don't hard-code")
+    return "postprocess runs after combine and formats its dict."
+
+
+@_checker
+def check_modelC(add_vowel_model: Callable[[dict], dict]) -> str:
+    """Exercise 01.2: a third model counting vowels, beside modelA and modelB, fed into combine."""
+    nodes = add_vowel_model(banana_nodes())
+    _expect("modelC" in nodes, "there is no 'modelC' node")
+    _expect(list(nodes["modelC"][1]) == ["pre"], f"modelC should depend on ['pre'] only (to run beside A and B), "
+                                                 f"not {list(nodes['modelC'][1])}")
+    _expect(set(nodes["combine"][1]) == {"modelA", "modelB", "modelC"}, "combine should use modelA, modelB and modelC")
+    _expect(levels(nodes, BANANA)[1] == ["modelA", "modelB", "modelC"],
+            "modelA, modelB and modelC should share a level")
+    out = run_graph(nodes, BANANA)["combine"]
+    _expect(out == {"len": 6, "a_count": 3, "vowels": 3}, f"combine gave {out}, expected "
+                                                         "{'len': 6, 'a_count': 3, 'vowels': 3}")
+    out = run_graph(nodes, {"text": " Queue "})["combine"]
+    _expect(out.get("vowels") == 4, f"'Queue' has 4 vowels (u, e, u, e) but modelC said {out.get('vowels')}")
+    return "three models in one level, combined."
+
+
+@_checker
+def check_confidence_gate(add_gate: Callable[[dict], dict]) -> str:
+    """Exercise 01.3: ``needs_review`` is True when topic or sentiment confidence is below 0.6."""
+
+    def fake_model(label: str, confidence: float) -> Callable[[Any], dict]:
+        return lambda _: {"label": label, "confidence": confidence}
+
+    def pipeline(topic_conf: float, sentiment_conf: float) -> dict:
+        return {"topic": (fake_model("food", topic_conf), ["text"]),
+                "sentiment": (fake_model("positive", sentiment_conf), ["text"])}
+
+    nodes = add_gate(pipeline(0.9, 0.9))
+    _expect("needs_review" in nodes, "there is no 'needs_review' node")
+    _expect(sorted(nodes["needs_review"][1]) == ["sentiment", "topic"],
+            f"needs_review should depend on topic and sentiment, not {list(nodes['needs_review'][1])}")
+    cases = [((0.9, 0.9), False), ((0.5, 0.9), True), ((0.9, 0.59), True), ((0.6, 0.6), False), ((0.2, 0.3), True)]
+    for (t, s), expected in cases:
+        got = run_graph(add_gate(pipeline(t, s)), {"text": "x"})["needs_review"]
+        _expect(got is expected, f"with topic confidence {t} and sentiment confidence {s}, needs_review was {got!r}, "
+                                 f"expected {expected} (review when either is below 0.6)")
+    return "low-confidence answers are flagged for review."
+
+
+# --- 02 · A DAG executor ------------------------------------------------------------------------------
+
+_SHAPES = {
+    "diamond": ({"a": (None, ["x"]), "b": (None, ["a"]), "c": (None, ["a"]), "d": (None, ["b", "c"])}, ["x"]),
+    "skip edge": ({"a": (None, ["x"]), "b": (None, ["a"]), "c": (None, ["a", "b"]), "e": (None, ["x"])}, ["x"]),
+    "chain listed backwards": ({"c": (None, ["b"]), "b": (None, ["a"]), "a": (None, ["x"])}, ["x"]),
+}
+
+
+def _runnable(shape: dict) -> dict:
+    return {name: (lambda *args, _n=name: (_n, args), deps) for name, (_, deps) in shape.items()}
+
+
+@_checker
+def check_run_graph_with_levels(run_graph_with_levels: Callable[[dict, dict], tuple[dict, list]]) -> str:
+    """Exercise 02.1: run a graph and record which nodes could have run in parallel (its levels)."""
+    for label, (shape, inputs) in _SHAPES.items():
+        nodes, values = _runnable(shape), dict.fromkeys(inputs, 0)
+        results, found = run_graph_with_levels(nodes, values)
+        _expect(results == run_graph(nodes, values), f"on the {label} graph the results are wrong")
+        expected = levels(nodes, values)
+        found = [sorted(level) for level in found]
+        _expect(found == expected, f"on the {label} graph you found levels {found}, expected {expected}: a node's "
+                                   "level is one more than its *deepest* dependency's")
+    return "results and levels both match."
+
+
+_CYCLIC = {
+    "self-loop": {"a": (None, ["a"])},
+    "3-cycle with a tail in and out": {"in": (None, []), "a": (None, ["in", "c"]), "b": (None, ["a"]),
+                                       "c": (None, ["b"]), "out": (None, ["c"])},
+    "two separate cycles": {"p": (None, ["q"]), "q": (None, ["p"]), "r": (None, ["s"]), "s": (None, ["r"])},
+}
+
+
+@_checker
+def check_find_cycle_nodes(find_cycle_nodes: Callable[[dict], list[str] | None]) -> str:
+    """Exercise 02.2: report the nodes of one cycle, in data-flow order (any starting node)."""
+    for label, (shape, _) in _SHAPES.items():
+        _expect(find_cycle_nodes(shape) is None, f"the {label} graph has no cycle, but you returned "
+                                                 f"{find_cycle_nodes(shape)!r}")
+    for label, nodes in _CYCLIC.items():
+        cycle = find_cycle_nodes(nodes)
+        _expect(isinstance(cycle, list) and cycle, f"the {label} graph has a cycle, but you returned {cycle!r}")
+        _expect(len(set(cycle)) == len(cycle), f"on the {label} graph {cycle} repeats a node; list each once")
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            _expect(b in nodes and a in nodes[b][1],
+                    f"on the {label} graph {cycle} is not a cycle in data-flow order: {b!r} does not depend on "
+                    f"{a!r} (nodes that only lead into or out of a cycle are not part of it)")
+    return "cycles found and reported in data-flow order; DAGs pass."
+
+
+@_checker
+def check_missing_dependencies(missing_dependencies: Callable[[dict, Any], dict]) -> str:
+    """Exercise 02.3: every missing dependency of every node at once."""
+    nodes = {"a": (None, ["x", "typo"]), "b": (None, ["a", "modelC", "typo"]), "c": (None, ["a"])}
+    found = missing_dependencies(nodes, ["x"])
+    expected = {"a": ["typo"], "b": ["modelC", "typo"]}
+    _expect(found == expected, f"found {found}, expected {expected}: report every node with missing names, each "
+                               "name once in the order listed; inputs and other nodes are not missing")
+    _expect(missing_dependencies(banana_nodes(), BANANA) == {}, "the seed graph with its input misses nothing")
+    return "every missing name reported at once."
+
+
+@_checker
+def check_run_only_needed(run_only_needed: Callable[[dict, dict, list], dict]) -> str:
+    """Exercise 02.4 (stretch): compute only what the wanted outputs need."""
+    calls: list[str] = []
+
+    def spy(name: str, func: Callable) -> Callable:
+        def wrapped(*args: Any) -> Any:
+            calls.append(name)
+            return func(*args)
+        return wrapped
+
+    nodes = {name: (spy(name, func), deps) for name, (func, deps) in banana_nodes().items()}
+    got = run_only_needed(nodes, BANANA, ["modelA"])
+    _expect(got.get("modelA") == 6, f"modelA should be 6, got {got.get('modelA')!r}")
+    _expect(sorted(calls) == ["modelA", "pre"],
+            f"to get modelA only pre and modelA need to run, but {sorted(calls)} ran")
+    calls.clear()
+    got = run_only_needed(nodes, BANANA, ["combine"])
+    _expect(got.get("combine") == {"len": 6, "a_count": 3} and len(calls) == 4 and len(set(calls)) == 4,
+            f"for combine every node runs exactly once; ran {calls}")
+    return "only the needed nodes ran, each once."
+
+
+# --- 03 · Parallel execution ---------------------------------------------------------------------------
+
+
+@_checker
+def check_parallel_speedup_bound(parallel_speedup_bound: Callable[[dict, dict], float]) -> str:
+    """Exercise 03.1: the best speed-up parallelism can give: sum of durations / critical path."""
+    for label, (shape, _) in _SHAPES.items():
+        durations = {name: float(i + 1) for i, name in enumerate(sorted(shape))}
+        expected = sum(durations.values()) / critical_path(shape, durations)[1]
+        got = parallel_speedup_bound(shape, durations)
+        _expect(math.isclose(got, expected), f"on the {label} graph you said {got}, expected {expected:.4g}: "
+                                             "sequential time divided by the critical path's")
+    return "speed-up bounds match."
+
+
+@_checker
+def check_run_levels_parallel(run_levels_parallel: Callable[[dict, dict, int], dict]) -> str:
+    """Exercise 03.2: a level-by-level parallel executor (it must overlap a level, then wait for all of it)."""
+    stamps: dict[str, tuple[float, float]] = {}
+    lock = threading.Lock()
+
+    def timed(name: str, seconds: float) -> Callable:
+        def work(*_: Any) -> str:
+            start = time.perf_counter()
+            time.sleep(seconds)
+            with lock:
+                stamps[name] = (start, time.perf_counter())
+            return name
+        return work
+
+    nodes = {"fast": (timed("fast", 0.02), []), "slow": (timed("slow", 0.25), []), "slow2": (timed("slow2", 0.25), []),
+             "after_fast": (timed("after_fast", 0.02), ["fast"]),
+             "end": (timed("end", 0.0), ["after_fast", "slow", "slow2"])}
+    started = time.perf_counter()
+    results = run_levels_parallel(nodes, {}, 4)
+    elapsed = time.perf_counter() - started
+    _expect(results == {name: name for name in nodes}, "the results are wrong: each node returns its own name")
+    # Run one after another the level-0 sleeps alone take 0.52 s; overlapped, the whole graph takes ~0.27 s.
+    _expect(elapsed < 0.45, f"took {elapsed:.2f} s: the nodes of a level should run at the same time")
+    _expect(stamps["after_fast"][0] >= stamps["slow"][1],
+            "after_fast started before slow finished: a level-by-level executor waits for the whole level "
+            "(that is the point of comparing it with run_graph_parallel)")
+    return "levels overlap inside, and wait for each other."
+
+
+@_checker
+def check_best_node_to_speed_up(best_node_to_speed_up: Callable[[dict, dict], str]) -> str:
+    """Exercise 03.3 (stretch): which node, made twice as fast, shortens the critical path most?"""
+    nodes = {"pre": (None, ["x"]), "a": (None, ["pre"]), "b": (None, ["pre"]), "post": (None, ["a", "b"])}
+    cases = [
+        {"pre": 4, "a": 10, "b": 9.5, "post": 1},  # halving a leaves b's path nearly as long: pre is on both
+        {"pre": 1, "a": 10, "b": 2, "post": 1},
+        {"pre": 1, "a": 3, "b": 2, "post": 8},
+    ]
+    for durations in cases:
+        after = {name: critical_path(nodes, {**durations, name: durations[name] / 2})[1] for name in nodes}
+        best = sorted(name for name, total in after.items() if total == min(after.values()))
+        got = best_node_to_speed_up(nodes, durations)
+        if got not in best:
+            raise _Wrong(f"with durations {durations} you chose {got!r} (critical path {after.get(got)}), but halving "
+                         f"{best[0]!r} gives {after[best[0]]}: the longest node is not always the answer, a shorter "
+                         "one may sit on every long path")
+    return "the best node to optimise, every time."
+
+
+# --- 04 · Latency and throughput ------------------------------------------------------------------------
+
+
+@_checker
+def check_fewest_replicas(fewest_replicas: Callable[[float, float, float], int]) -> str:
+    """Exercise 04.1: the fewest replicas whose simulated p99 meets a target."""
+    for rate, service, target in [(0.25, 10.0, 40.0), (0.5, 10.0, 25.0), (0.05, 10.0, 60.0)]:
+        expected = next(r for r in range(1, 50) if rate * service / r < 1 and simulate_batching(
+            rate, service, replicas=r, n_requests=20_000).percentile(99) <= target)
+        got = fewest_replicas(rate, service, target)
+        _expect(got == expected, f"for {rate} requests/ms, {service} ms service and p99 <= {target} ms you said {got} "
+                                 f"replicas, the simulation says {expected} (capacity alone is not enough: the tail "
+                                 "needs headroom)")
+    return "fleet sized by the tail, not by the average."
+
+
+@_checker
+def check_variability_penalty(variability_penalty: Callable[[float], float]) -> str:
+    """Exercise 04.2: how many times longer the mean *wait* is with exponential than fixed service."""
+    for load in (0.3, 0.6, 0.9):
+        got = variability_penalty(load)
+        _expect(math.isclose(got, 2.0, rel_tol=1e-9), f"at load {load} you said {got}; Pollaczek-Khinchine's E[S^2] "
+                                                       "is 2s^2 for exponential and s^2 for fixed service, so the wait "
+                                                       "ratio is exactly 2 at every load (latency adds s to both)")
+    return "exactly 2 at every load: variability, not the mean, makes the wait."
+
+
+# --- 05 · Dynamic batching ----------------------------------------------------------------------------
+
+
+@_checker
+def check_batching_capacity(batching_capacity: Callable[[float, float, int], float]) -> str:
+    """Exercise 05.1: requests per ms a server can finish with full batches of b, s(b) = alpha + beta b."""
+    for alpha, beta, b in [(2.0, 0.15, 32), (1.0, 1.0, 1), (5.0, 0.01, 128)]:
+        got = batching_capacity(alpha, beta, b)
+        expected = capacity((alpha, beta), b)
+        _expect(math.isclose(got, expected), f"for alpha={alpha}, beta={beta}, b={b} you said {got:.4g}, expected "
+                                             f"{expected:.4g}: b requests every alpha + beta*b ms")
+    return "b / s(b)."
+
+
+@_checker
+def check_batch_sizes_greedy(batch_sizes_greedy: Callable[[list[float], float, float], list[int]]) -> str:
+    """Exercise 05.2 (stretch): greedy batching by hand: the size of each batch."""
+    for seed in range(3):
+        arrivals = np.random.default_rng(seed).exponential(1.0, 300).cumsum().tolist()
+        r = simulate_batching(None, (1.0, 0.5), None, 0.0, arrivals=arrivals, warmup=0.0)
+        expected = r.batch_size[np.unique(r.start, return_index=True)[1]].tolist()
+        got = list(batch_sizes_greedy(arrivals, 1.0, 0.5))
+        _expect(sum(got) == len(arrivals), f"your batches hold {sum(got)} requests, but {len(arrivals)} arrived")
+        if got != expected:
+            first = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e), min(len(got), len(expected)))
+            mine = got[first] if first < len(got) else "no"
+            raise _Wrong(f"batch {first} has {mine} requests, the policy gives {expected[first]}: a free server "
+                         "takes everything that has arrived by the moment it starts")
+    return "your greedy batcher matches the simulator batch for batch."
+
+
+@_checker
+def check_window_tradeoff(window_tradeoff: Callable[[list[float]], dict]) -> str:
+    """Exercise 05.3: mean latency and mean batch size at low and high load, for each window."""
+    windows = [0.0, 2.0, 8.0]
+    table = window_tradeoff(windows)
+    _expect(sorted(table) == windows, f"return one entry per window {windows}, got {sorted(table)}")
+    low = [table[w]["low"] for w in windows]
+    high = [table[w]["high"] for w in windows]
+    _expect(all(a["latency"] < b["latency"] for a, b in itertools.pairwise(low)),
+            "at low load, a longer window should mean a higher mean latency (requests wait it out)")
+    _expect(all(a["batch"] <= b["batch"] for a, b in itertools.pairwise(low)),
+            "a longer window should give batches at least as large")
+    _expect(max(h["latency"] for h in high) / min(h["latency"] for h in high) < 1.5,
+            "at high load the windows should matter little: the queue fills batches by itself")
+    return "the trade-off, measured: windows cost latency at low load and barely matter near capacity."
+
+
+_PBTXT_TOKEN = re.compile(r'\s*(?:(#[^\n]*)|("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^\s{}\[\]:,"#]+))')
+
+
+def parse_pbtxt(text: str) -> dict[str, list[Any]]:
+    """Parse protobuf text format (what Triton's ``config.pbtxt`` is) into ``{field: [values]}``.
+
+    Every field maps to a list, since any field may repeat; messages become dicts.
+
+    >>> parse_pbtxt('name: "e" input [ { name: "T" dims: [ 1 ] } ]')
+    {'name': ['e'], 'input': [{'name': ['T'], 'dims': [1]}]}
+    """
+    tokens = [m.group(2) or m.group(3) or m.group(4) for m in _PBTXT_TOKEN.finditer(text) if not m.group(1)]
+    tokens = [t for t in tokens if t is not None]
+    position = 0
+
+    def scalar(token: str) -> Any:
+        if token.startswith('"'):
+            return token[1:-1].encode().decode("unicode_escape")
+        for kind in (int, float):
+            try:
+                return kind(token)
+            except ValueError:
+                pass
+        return token  # an enum name such as TYPE_STRING
+
+    def value() -> list[Any]:
+        nonlocal position
+        token = tokens[position]
+        position += 1
+        if token == "{":
+            return [message("}")]
+        if token == "[":
+            items = []
+            while tokens[position] != "]":
+                if tokens[position] == ",":
+                    position += 1
+                    continue
+                items += value()
+            position += 1
+            return items
+        return [scalar(token)]
+
+    def message(end: str | None) -> dict[str, list[Any]]:
+        nonlocal position
+        fields: dict[str, list[Any]] = {}
+        while position < len(tokens) and tokens[position] != end:
+            name = tokens[position]
+            position += 1
+            if position < len(tokens) and tokens[position] == ":":
+                position += 1
+            fields.setdefault(name, []).extend(value())
+        position += 1
+        return fields
+
+    return message(None)
+
+
+@_checker
+def check_triton_ensemble(config: str | Callable[[], str]) -> str:
+    """Exercise 05.4: a Triton ensemble config for the seed's two-model graph, its data flow checked.
+
+    Takes the config text, or the function that returns it (called here, so a stub reads "not done").
+    """
+    config_text = config() if callable(config) else config
+    if not config_text.strip():
+        raise NotImplementedError("write the config.pbtxt of the ensemble as a string")
+    config = parse_pbtxt(config_text)
+    _expect(config.get("platform") == ["ensemble"], 'an ensemble model needs platform: "ensemble"')
+    scheduling = config.get("ensemble_scheduling", [{}])[0]
+    steps = scheduling.get("step", [])
+    _expect(len(steps) >= 3, f"expected steps for pre, two models and combine; found {len(steps)}")
+    available = {i["name"][0] for i in config.get("input", [])}
+    _expect(available, "declare the ensemble's input tensor(s) in input [ ... ]")
+    producers: dict[str, str] = {}
+    pending = list(steps)
+    waves: list[list[str]] = []  # steps that can run at the same time, as Triton would schedule them
+    while pending:  # a step can run once all of its input tensors exist
+        ready = [s for s in pending if all(m["value"][0] in available for m in s.get("input_map", []))]
+        unknown = {m["value"][0] for s in pending for m in s.get("input_map", [])} - available
+        _expect(ready, "some steps read tensors that no step (and no ensemble input) produces: "
+                       + ", ".join(sorted(unknown)))
+        for step in ready:
+            for m in step.get("output_map", []):
+                _expect(m["value"][0] not in producers, f"tensor {m['value'][0]!r} is produced by two steps")
+                producers[m["value"][0]] = step["model_name"][0]
+                available.add(m["value"][0])
+            pending.remove(step)
+        waves.append(sorted(step["model_name"][0] for step in ready))
+    outputs = [o["name"][0] for o in config.get("output", [])]
+    _expect(outputs and all(o in producers for o in outputs), f"ensemble outputs {outputs} must come from a step")
+    parallel = next((wave for wave in waves if len(wave) >= 2), None)
+    order = " -> ".join(wave[0] for wave in waves)
+    _expect(parallel is not None, f"the steps run strictly one after another ({order}); the two models should "
+                                  "both read the preprocessed tensor, so they can run in parallel")
+    return f"a valid ensemble: {len(steps)} steps in {len(waves)} waves; {parallel} run in parallel."

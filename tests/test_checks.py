@@ -1,0 +1,305 @@
+"""checks.py: every checker rejects plausible wrong answers with a specific reason, and spots stubs.
+
+That each accepts the worked answer is shown by solutions/, whose check cells must print "Correct"
+(tests/test_exercises.py), re-run by nbval.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from infergraph_lite import checks, critical_path, levels, run_graph, simulate_batching
+from infergraph_lite.checks import Feedback
+
+
+def stub(*_args, **_kwargs):
+    raise NotImplementedError("use (func, ['combine'])")
+
+
+def assert_wrong(feedback: Feedback, *fragments: str) -> None:
+    assert feedback.status == "wrong", feedback
+    for fragment in fragments:
+        assert fragment in feedback.message, feedback
+
+
+def test_feedback_reads_as_one_line():
+    assert repr(Feedback("correct", "well done.")) == "Correct: well done."
+    assert repr(Feedback("not done", "x")).startswith("Not done yet: ")
+    assert repr(Feedback("wrong", "x")).startswith("Not right yet: ")
+
+
+@pytest.mark.parametrize("checker", [c for name, c in vars(checks).items() if name.startswith("check_")])
+def test_every_checker_reports_a_stub_as_not_done_never_raising(checker):
+    feedback = checker(stub)
+    assert feedback.status == "not done" and not feedback.passed
+    assert "Hint: use (func, ['combine'])" in feedback.message
+
+
+def test_a_crashing_answer_is_feedback_not_an_exception():
+    feedback = checks.check_add_postprocess(lambda nodes: 1 / 0)
+    assert_wrong(feedback, "ZeroDivisionError")
+
+
+# --- 01 ------------------------------------------------------------------------------------------------
+
+
+def test_add_postprocess_rejects_wrong_wiring_mutation_and_hard_coding():
+    def wrong_dep(nodes):
+        return dict(nodes, postprocess=(lambda n: f"len={n}", ["modelA"]))
+
+    def mutates(nodes):
+        nodes["postprocess"] = (lambda d: f"len={d['len']} a_count={d['a_count']}", ["combine"])
+        return nodes
+
+    def hard_coded(nodes):
+        return dict(nodes, postprocess=(lambda d: "len=6 a_count=3", ["combine"]))
+
+    assert_wrong(checks.check_add_postprocess(wrong_dep), "depend on ['combine']")
+    assert_wrong(checks.check_add_postprocess(mutates), "changed the graph it was given")
+    assert_wrong(checks.check_add_postprocess(hard_coded), "don't hard-code")
+
+
+def test_modelC_rejects_a_sequential_model_and_a_wrong_count():
+    def after_modelA(nodes):
+        combine = lambda n, a, v: {"len": n, "a_count": a, "vowels": v}  # noqa: E731
+        return dict(nodes, modelC=(lambda s, _: sum(c in "aeiou" for c in s), ["pre", "modelA"]),
+                    combine=(combine, ["modelA", "modelB", "modelC"]))
+
+    def counts_y(nodes):
+        combine = lambda n, a, v: {"len": n, "a_count": a, "vowels": v}  # noqa: E731
+        return dict(nodes, modelC=(lambda s: sum(c in "aeiouy" for c in s) + s.count("q"), ["pre"]),
+                    combine=(combine, ["modelA", "modelB", "modelC"]))
+
+    assert_wrong(checks.check_modelC(after_modelA), "depend on ['pre'] only")
+    assert_wrong(checks.check_modelC(counts_y), "4 vowels")
+
+
+def test_confidence_gate_rejects_and_instead_of_or_and_a_wrong_threshold():
+    def both_low(nodes):
+        gate = lambda t, s: t["confidence"] < 0.6 and s["confidence"] < 0.6  # noqa: E731
+        return dict(nodes, needs_review=(gate, ["topic", "sentiment"]))
+
+    def inclusive(nodes):
+        gate = lambda t, s: min(t["confidence"], s["confidence"]) <= 0.6  # noqa: E731
+        return dict(nodes, needs_review=(gate, ["topic", "sentiment"]))
+
+    assert_wrong(checks.check_confidence_gate(both_low), "either is below 0.6")
+    assert_wrong(checks.check_confidence_gate(inclusive), "confidence 0.6")
+
+
+# --- 02 ------------------------------------------------------------------------------------------------
+
+
+def test_run_graph_with_levels_rejects_shallowest_dependency_and_one_flat_level():
+    def by_shallowest(nodes, inputs):
+        depth = {}
+        for generation in levels(nodes, inputs):  # pretend-correct order, wrong depth rule
+            for name in generation:
+                node_deps = [d for d in nodes[name][1] if d in nodes]
+                depth[name] = 1 + min((depth[d] for d in node_deps), default=-1)
+        grouped = {}
+        for name, d in depth.items():
+            grouped.setdefault(d, []).append(name)
+        return run_graph(nodes, inputs), [sorted(grouped[k]) for k in sorted(grouped)]
+
+    def flat(nodes, inputs):
+        return run_graph(nodes, inputs), [sorted(nodes)]
+
+    assert_wrong(checks.check_run_graph_with_levels(by_shallowest), "skip edge", "deepest")
+    assert_wrong(checks.check_run_graph_with_levels(flat), "diamond")
+
+
+def test_find_cycle_nodes_rejects_leftover_nodes_and_reversed_order():
+    def leftovers(nodes):  # everything Kahn could not run: includes nodes downstream of the cycle
+        order = set()
+        changed = True
+        while changed:
+            changed = False
+            for name, (_, deps) in nodes.items():
+                if name not in order and all(d in order or d not in nodes for d in deps):
+                    order.add(name)
+                    changed = True
+        rest = [n for n in nodes if n not in order]
+        return rest or None
+
+    def reversed_cycle(nodes):
+        from infergraph_lite import find_cycle
+
+        cycle = find_cycle(nodes)
+        return cycle[::-1] if cycle and len(cycle) > 2 else cycle
+
+    assert_wrong(checks.check_find_cycle_nodes(leftovers), "3-cycle with a tail", "not part of it")
+    assert_wrong(checks.check_find_cycle_nodes(reversed_cycle), "data-flow order")
+
+
+def test_missing_dependencies_rejects_first_only_and_counting_nodes_as_missing():
+    def first_only(nodes, inputs):
+        for name, (_, deps) in nodes.items():
+            missing = [d for d in deps if d not in nodes and d not in inputs]
+            if missing:
+                return {name: missing}
+        return {}
+
+    def ignores_nodes(nodes, inputs):
+        found = {n: [d for d in dict.fromkeys(deps) if d not in inputs] for n, (_, deps) in nodes.items()}
+        return {n: m for n, m in found.items() if m}
+
+    assert_wrong(checks.check_missing_dependencies(first_only), "report every node")
+    assert_wrong(checks.check_missing_dependencies(ignores_nodes), "not missing")
+
+
+def test_run_only_needed_rejects_running_everything_and_running_twice():
+    def everything(nodes, inputs, wanted):
+        return run_graph(nodes, inputs)
+
+    def twice(nodes, inputs, wanted):
+        def value(name):
+            if name in inputs:
+                return inputs[name]
+            func, deps = nodes[name]
+            return func(*[value(d) for d in deps])  # no memo: shared dependencies run again
+
+        return {w: value(w) for w in wanted}
+
+    assert_wrong(checks.check_run_only_needed(everything), "only pre and modelA")
+    assert_wrong(checks.check_run_only_needed(twice), "exactly once")
+
+
+# --- 03 ------------------------------------------------------------------------------------------------
+
+
+def test_parallel_speedup_bound_rejects_width_and_inverted_ratio():
+    assert_wrong(checks.check_parallel_speedup_bound(lambda nodes, d: float(max(map(len, levels(nodes))))))
+    assert_wrong(checks.check_parallel_speedup_bound(
+        lambda nodes, d: critical_path(nodes, d)[1] / sum(d.values())), "divided by")
+
+
+def test_run_levels_parallel_rejects_sequential_and_as_soon_as_possible_executors():
+    from infergraph_lite import run_graph_parallel
+
+    def sequential(nodes, inputs, workers):
+        return run_graph(nodes, inputs)
+
+    def eager(nodes, inputs, workers):
+        return run_graph_parallel(nodes, inputs, max_workers=workers)
+
+    assert_wrong(checks.check_run_levels_parallel(sequential), "at the same time")
+    assert_wrong(checks.check_run_levels_parallel(eager), "waits for the whole level")
+
+
+def test_best_node_to_speed_up_rejects_the_longest_node_and_the_first_on_the_path():
+    def longest(nodes, durations):
+        return max(durations, key=durations.get)
+
+    def first_on_path(nodes, durations):
+        return critical_path(nodes, durations)[0][0]
+
+    assert_wrong(checks.check_best_node_to_speed_up(longest), "longest node is not always")
+    assert_wrong(checks.check_best_node_to_speed_up(first_on_path))
+
+
+# --- 04 ------------------------------------------------------------------------------------------------
+
+
+def test_fewest_replicas_rejects_capacity_only_and_an_off_by_one():
+    import math
+
+    def capacity_only(rate, service, target):
+        return math.floor(rate * service) + 1
+
+    def one_extra(rate, service, target):
+        r = 1
+        while rate * service / r >= 1 or simulate_batching(rate, service, replicas=r,
+                                                           n_requests=20_000).percentile(99) > target:
+            r += 1
+        return r + 1
+
+    assert_wrong(checks.check_fewest_replicas(capacity_only), "the tail")
+    assert_wrong(checks.check_fewest_replicas(one_extra))
+
+
+def test_variability_penalty_rejects_latency_ratio_and_a_constant_guess_of_one():
+    from infergraph_lite.theory import md1_mean_latency, mm1_mean_latency
+
+    assert_wrong(checks.check_variability_penalty(lambda rho: mm1_mean_latency(rho, 1.0) / md1_mean_latency(rho, 1.0)),
+                 "latency adds s")
+    assert_wrong(checks.check_variability_penalty(lambda rho: 1.0))
+
+
+# --- 05 ------------------------------------------------------------------------------------------------
+
+
+def test_batching_capacity_rejects_per_batch_rate_and_forgetting_beta_b():
+    assert_wrong(checks.check_batching_capacity(lambda a, b_, n: 1 / (a + b_ * n)), "b requests every")
+    assert_wrong(checks.check_batching_capacity(lambda a, b_, n: n / (a + b_)))
+
+
+def test_batch_sizes_greedy_rejects_fixed_batches_and_counting_too_late():
+    def fixed(arrivals, alpha, beta):
+        sizes = [4] * (len(arrivals) // 4)
+        return sizes + ([len(arrivals) % 4] if len(arrivals) % 4 else [])
+
+    def counts_at_arrival(arrivals, alpha, beta):
+        # Starts every batch when its first request arrives, ignoring that the server may be busy.
+        sizes, i = [], 0
+        while i < len(arrivals):
+            sizes.append(1)
+            i += 1
+        return sizes
+
+    assert_wrong(checks.check_batch_sizes_greedy(fixed), "the policy gives")
+    assert_wrong(checks.check_batch_sizes_greedy(counts_at_arrival), "free server takes everything")
+
+
+def test_window_tradeoff_rejects_swapped_loads_and_missing_windows():
+    def swapped(windows):
+        out = {}
+        for w in windows:
+            low = simulate_batching(0.05, (2.0, 0.15), 32, w, n_requests=5_000)
+            high = simulate_batching(4.0, (2.0, 0.15), 32, w, n_requests=5_000)
+            out[w] = {"low": {"latency": high.mean_latency, "batch": high.mean_batch_size},
+                      "high": {"latency": low.mean_latency, "batch": low.mean_batch_size}}
+        return out
+
+    assert_wrong(checks.check_window_tradeoff(swapped))
+    assert_wrong(checks.check_window_tradeoff(lambda windows: {0.0: {}}), "one entry per window")
+
+
+GOOD_ENSEMBLE = """
+name: "banana_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "pre" model_version: -1
+      input_map { key: "IN" value: "TEXT" } output_map { key: "OUT" value: "clean" } },
+    { model_name: "modelA" model_version: -1
+      input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "len" } },
+    { model_name: "modelB" model_version: -1
+      input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "a" } },
+    { model_name: "combine" model_version: -1
+      input_map [ { key: "LEN" value: "len" }, { key: "A" value: "a" } ]
+      output_map { key: "OUT" value: "RESULT" } }
+  ]
+}
+"""
+
+
+def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_otherwise():
+    assert checks.check_triton_ensemble(GOOD_ENSEMBLE).passed
+    assert checks.check_triton_ensemble(lambda: GOOD_ENSEMBLE).passed
+    assert checks.check_triton_ensemble("  ").status == "not done"
+    typo = GOOD_ENSEMBLE.replace('{ key: "A" value: "a" }', '{ key: "A" value: "a_count" }')
+    assert_wrong(checks.check_triton_ensemble(typo), "no step", "a_count")
+    sequential = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "a" }',
+                                       'input_map { key: "IN" value: "len" } output_map { key: "OUT" value: "a" }')
+    assert_wrong(checks.check_triton_ensemble(sequential), "one after another", "pre -> modelA -> modelB -> combine")
+    assert_wrong(checks.check_triton_ensemble(GOOD_ENSEMBLE.replace('platform: "ensemble"', "")), "platform")
+
+
+def test_pbtxt_parser_reads_repeated_fields_lists_comments_and_escapes():
+    parsed = checks.parse_pbtxt('# comment\nname: "a\\"b" dims: [ 1, -1 ] step { x: 1 } step { x: 2.5 } kind: KIND_GPU')
+    assert parsed == {"name": ['a"b'], "dims": [1, -1], "step": [{"x": [1]}, {"x": [2.5]}], "kind": ["KIND_GPU"]}
+
