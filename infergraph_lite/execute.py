@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from .graph import Graph, _prepare, dependencies
+from .graph import Graph, _prepare
 
 __all__ = ["NodeError", "TraceEvent", "run_graph", "run_graph_parallel"]
 
@@ -57,7 +57,7 @@ def run_graph(nodes: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
     >>> run_graph(nodes, {"text": "  BANANA  "})["combine"]
     {'len': 6, 'a_count': 3}
     """
-    graph, generations = _prepare(nodes, inputs, require_callable=True)
+    graph, generations, _ = _prepare(nodes, inputs, require_callable=True)
     results = dict(inputs)
     name = ""
     try:  # one try around the loop, not a wrapper per node: it is the executor's hot path
@@ -102,13 +102,13 @@ def run_graph_parallel(
     """
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer or None, got {max_workers!r}")
-    graph, generations = _prepare(nodes, inputs, require_callable=True)
+    graph, generations, dependents = _prepare(nodes, inputs, require_callable=True)
     results = dict(inputs)
-    waiting = {name: len(dependencies(graph, name)) for name in graph}
-    dependents: dict[str, list[str]] = {name: [] for name in graph}
-    for name in (n for generation in generations for n in generation):  # deterministic submission order
-        for dep in dependencies(graph, name):
-            dependents[dep].append(name)
+    # Unfinished dependencies per node, counted per listing as _prepare counted them for Kahn.
+    waiting = dict.fromkeys(graph, 0)
+    for users in dependents.values():
+        for user in users:
+            waiting[user] += 1
     finished: queue.SimpleQueue[tuple[str, bool, Any]] = queue.SimpleQueue()
     t0 = time.perf_counter()
 
@@ -133,7 +133,7 @@ def run_graph_parallel(
             executor.submit(work, name, [results[d] for d in graph[name][1]])
 
         running = 0
-        for name in (n for n in dependents if waiting[n] == 0):
+        for name in generations[0] if generations else []:
             submit(name)
             running += 1
         while running:  # every submitted node reports back, so this also waits out a failure

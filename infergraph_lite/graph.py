@@ -16,7 +16,7 @@ notebook 03 (critical path).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 NodeSpec = tuple[Any, Sequence[str]]
 Graph = Mapping[str, NodeSpec]
@@ -149,12 +149,16 @@ def validate_graph(
     ...
     infergraph_lite.graph.CycleError: cycle: a -> b -> a
     """
-    return _prepare(nodes, inputs, require_callable)[0]
+    return _prepare(nodes, inputs, require_callable).graph
 
 
-def _prepare(
-    nodes: Graph, inputs: Iterable[str] | Mapping[str, Any], require_callable: bool
-) -> tuple[dict[str, tuple[Any, tuple[str, ...]]], list[list[str]]]:
+class _Prepared(NamedTuple):
+    graph: dict[str, tuple[Any, tuple[str, ...]]]  # name -> (func, deps), checked
+    generations: list[list[str]]  # Kahn's generations, in node order within each
+    dependents: dict[str, list[str]]  # name -> the nodes that use it, once per listing
+
+
+def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any], require_callable: bool) -> _Prepared:
     # Validate once and return the normalised graph with its Kahn generations,
     # so no caller walks the graph twice.  Kahn's algorithm finds cycles by
     # itself (nodes never become ready); the depth-first search runs only then,
@@ -197,7 +201,7 @@ def _prepare(
     generations = _kahn_generations(waiting, dependents)
     if sum(map(len, generations)) != len(graph):
         raise CycleError(find_cycle(graph) or [])
-    return graph, generations
+    return _Prepared(graph, generations, dependents)
 
 
 def dependencies(nodes: Graph, name: str) -> list[str]:
@@ -259,7 +263,7 @@ def topological_order(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = 
     >>> topological_order({"c": (len, ["a", "b"]), "b": (len, ["a"]), "a": (len, ["x"])}, ["x"])
     ['a', 'b', 'c']
     """
-    generations = _prepare(nodes, inputs, require_callable=False)[1]
+    generations = _prepare(nodes, inputs, require_callable=False).generations
     return [name for generation in generations for name in generation]
 
 
@@ -297,7 +301,7 @@ def levels(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = ()) -> list
     >>> levels(nodes, inputs=["text"])
     [['pre'], ['modelA', 'modelB'], ['combine']]
     """
-    return [sorted(generation) for generation in _prepare(nodes, inputs, require_callable=False)[1]]
+    return [sorted(generation) for generation in _prepare(nodes, inputs, require_callable=False).generations]
 
 
 def critical_path(
@@ -317,7 +321,7 @@ def critical_path(
     (['pre', 'a', 'combine'], 7.0)
     """
     inputs = {d for _, deps in nodes.values() for d in deps if d not in nodes}
-    graph, generations = _prepare(nodes, inputs, require_callable=False)
+    graph, generations, _ = _prepare(nodes, inputs, require_callable=False)
     duration_of = durations if callable(durations) else None
     finish: dict[str, float] = {}
     best_predecessor: dict[str, str | None] = {}
