@@ -20,8 +20,11 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PIP) install --no-deps -e .
 	@touch $@
 
+# JupyterLab refuses to start as root unless told; containers often run as root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(ALLOW_ROOT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) tests infergraph_lite $(NOTEBOOK_DIRS)
