@@ -103,13 +103,7 @@ def _input_names(inputs: Iterable[str] | Mapping[str, Any]) -> set[str]:
 
 
 def _check_entry(name: object, entry: object, require_callable: bool) -> tuple[Any, tuple[str, ...]]:
-    # Fast path for the common, well-formed entry; anything else falls through to the checks that explain.
-    if type(entry) is tuple and len(entry) == 2 and type(name) is str:
-        func, deps = entry
-        if (type(deps) is list or type(deps) is tuple) and (not require_callable or callable(func)):
-            deps = tuple(deps)
-            if all(type(d) is str for d in deps):
-                return func, deps
+    # The slow path of _prepare's entry check: accepts what is valid, and explains what is not.
     if not isinstance(name, str):
         raise InvalidNodeError(name, f"node names must be strings, got {type(name).__name__}")
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
@@ -200,7 +194,9 @@ def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any], require_ca
         raise MissingDependencyError(first_missing, missing)
     generations = _kahn_generations(waiting, dependents)
     if sum(map(len, generations)) != len(graph):
-        raise CycleError(find_cycle(graph) or [])
+        cycle = find_cycle(graph)
+        assert cycle is not None, "Kahn's algorithm left nodes unrun, so a cycle must exist"
+        raise CycleError(cycle)
     return _Prepared(graph, generations, dependents)
 
 
