@@ -12,14 +12,13 @@ Also the scheduling overhead per node, from a wide graph of no-op nodes.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from _timing import best_of, machine, table, verdict
 
-from infergraph_lite import TraceEvent, critical_path, run_graph, run_graph_parallel
+from infergraph_lite import critical_path, measure_node_durations, run_graph, run_graph_parallel
 
 
 def layered(width: int, depth: int, work) -> dict:
@@ -30,17 +29,6 @@ def layered(width: int, depth: int, work) -> dict:
             deps = ["x"] if d == 0 else [f"L{d - 1}_{w}", f"L{d - 1}_{(w + 1) % width}"]
             nodes[f"L{d}_{w}"] = (work, deps)
     return nodes
-
-
-def node_durations(nodes: dict, inputs: dict, repeats: int = 3) -> dict[str, float]:
-    """Median time of each node when it runs alone (one worker)."""
-    samples: dict[str, list[float]] = {name: [] for name in nodes}
-    for _ in range(repeats):
-        trace: list[TraceEvent] = []
-        run_graph_parallel(nodes, inputs, max_workers=1, trace=trace)
-        for event in trace:
-            samples[event.node].append(event.end - event.start)
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def main() -> None:
@@ -57,7 +45,7 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=64, thread_name_prefix="server") as server_pool:
         for width, depth in [(16, 4), (64, 3)]:
             nodes = layered(width, depth, sleep_work)
-            floor = critical_path(nodes, node_durations(nodes, {"x": 0}))[1]
+            floor = critical_path(nodes, measure_node_durations(nodes, {"x": 0}, repeats=3))[1]
             server_pool.map(time.sleep, [0.0] * 64)  # start the long-lived pool's threads once, as a server would
             for how, kwargs in [("new pool per call", {"max_workers": width}), ("reused pool", {"pool": server_pool})]:
                 seconds = best_of(lambda nodes=nodes, kwargs=kwargs: run_graph_parallel(nodes, {"x": 0}, **kwargs), 3)
@@ -68,7 +56,7 @@ def main() -> None:
 
     # CPU work: numpy releases the GIL, but there are only `cores` cores, and BLAS has threads of its own.
     nodes = layered(16, 4, numpy_work)
-    durations = node_durations(nodes, {"x": 0})
+    durations = measure_node_durations(nodes, {"x": 0}, repeats=3)
     floor = critical_path(nodes, durations)[1]
     cores_bound = max(floor, sum(durations.values()) / cores)
     sequential = best_of(lambda: run_graph(nodes, {"x": 0}), 3)

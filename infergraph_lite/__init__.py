@@ -4,7 +4,7 @@ The public names below are the ones the notebooks, exercises and tests use.
 """
 
 from .batching import BatchError, DynamicBatcher, QueueFullError, profile_service_time
-from .execute import NodeError, TraceEvent, run_graph, run_graph_parallel
+from .execute import NodeError, TraceEvent, measure_node_durations, run_graph, run_graph_parallel
 from .graph import (
     CycleError,
     GraphError,
@@ -38,6 +38,7 @@ __all__ = [
     "critical_path",
     "find_cycle",
     "levels",
+    "measure_node_durations",
     "profile_service_time",
     "run_graph",
     "run_graph_original",

@@ -173,3 +173,13 @@ def test_parallel_can_reuse_a_callers_pool_and_leaves_it_running():
         with pytest.raises(NodeError, match="node 'modelB' failed"):
             run_graph_parallel(nodes, BANANA_INPUTS, pool=pool)
         assert pool.submit(lambda: "still serving").result() == "still serving"
+
+
+def test_measure_node_durations_gives_every_node_a_median_and_rejects_bad_repeats():
+    from infergraph_lite import measure_node_durations
+
+    nodes = {"short": (lambda: time.sleep(0.005), []), "long": (lambda _: time.sleep(0.03), ["short"])}
+    durations = measure_node_durations(nodes, {}, repeats=3)
+    assert set(durations) == {"short", "long"} and durations["long"] > durations["short"] > 0
+    with pytest.raises(ValueError, match="repeats must be a positive integer, got 0"):
+        measure_node_durations(nodes, {}, repeats=0)
