@@ -50,7 +50,7 @@ def test_exponential_service_is_seeded_and_has_its_mean():
 
 
 def test_stage_graphs_are_checked_node_by_node_before_anything_runs():
-    with pytest.raises(InvalidNodeError, match="node 'b': expected a Stage in place of the function, got builtin_function_or_method"):
+    with pytest.raises(InvalidNodeError, match=r"node 'b': expected a Stage in place of the function, got builtin"):
         prepare_stages({"a": (Stage(service_time=1.0), ["request"]), "b": (len, ["a"])})
     with pytest.raises(InvalidNodeError, match="node 'a': this Stage has no service_time"):
         prepare_stages({"a": (Stage(fn=list), ["request"])}, need="service_time")
