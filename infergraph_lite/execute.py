@@ -140,8 +140,7 @@ def run_plan_parallel(
 
     failure: tuple[str, BaseException] | None = None
     # Our own pool is shut down (threads joined) on the way out; a caller's pool stays theirs.
-    own = pool is None
-    with ThreadPoolExecutor(max_workers, "infergraph") if own else contextlib.nullcontext(pool) as executor:
+    with ThreadPoolExecutor(max_workers, "infergraph") if pool is None else contextlib.nullcontext(pool) as executor:
 
         def submit(name: str) -> None:
             executor.submit(work, name, [results[d] for d in graph[name][1]])

@@ -416,12 +416,11 @@ def critical_path(
 def _critical_path(
     plan: Plan, durations: Mapping[str, float] | Callable[[str], float]
 ) -> tuple[list[str], float]:
-    duration_of = durations if callable(durations) else None
     finish: dict[str, float] = {}
     best_predecessor: dict[str, str | None] = {}
     for name in plan.order:
-        if duration_of is not None:
-            duration = duration_of(name)
+        if callable(durations):
+            duration = durations(name)
         elif name in durations:
             duration = durations[name]
         else:
@@ -436,6 +435,6 @@ def _critical_path(
         return [], 0.0
     end = max(sorted(finish), key=finish.__getitem__)
     path = [end]
-    while best_predecessor[path[-1]] is not None:
-        path.append(best_predecessor[path[-1]])
+    while (before := best_predecessor[path[-1]]) is not None:
+        path.append(before)
     return path[::-1], finish[end]
