@@ -57,9 +57,11 @@ def run_plan(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """
     plan.check_inputs(inputs)
     results = dict(inputs)
+    nodes = plan.nodes
     name = ""
     try:  # one try around the loop, not a wrapper per node: it is the executor's hot path
-        for name, func, deps in plan.steps:
+        for name in plan.order:
+            func, deps = nodes[name]
             results[name] = func(*[results[d] for d in deps])
     except Exception as exc:
         raise NodeError(name, exc) from exc
