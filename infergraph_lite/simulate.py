@@ -522,12 +522,17 @@ def _fifo_varying(times: np.ndarray, service: np.ndarray) -> tuple[np.ndarray, n
 def _fifo_replicas(times: np.ndarray, service: float, replicas: int) -> tuple[np.ndarray, np.ndarray]:
     # c servers, batches of one, a fixed service time s: requests finish in the order they start, so the
     # server that takes request i is the one that served request i - c, and d[i] = max(a[i], d[i-c]) + s.
-    # That is c interleaved one-server recursions, one per column of a (rows, c) reshape.
+    # That is c interleaved one-server recursions, one per row of a (c, length) layout, each as in
+    # _fifo_vectorised (a running maximum along a contiguous row, which numpy does fast).
     n = len(times)
-    rows = -(-n // replicas)
-    padded = np.concatenate([times, np.full(rows * replicas - n, times[-1])]).reshape(rows, replicas)
-    index = np.arange(rows)[:, None]
-    ends = (np.maximum.accumulate(padded - index * service, axis=0) + (index + 1) * service).ravel()[:n]
+    length = -(-n // replicas)
+    padded = np.concatenate([times, np.full(length * replicas - n, times[-1])])
+    lanes = np.ascontiguousarray(padded.reshape(length, replicas).T)  # lane r holds requests r, r + c, ...
+    index = np.arange(length)
+    lanes -= index * service
+    np.maximum.accumulate(lanes, axis=1, out=lanes)
+    lanes += (index + 1) * service
+    ends = lanes.T.ravel()[:n]
     return _exact_fifo_step(times, ends, service, replicas)
 
 
