@@ -282,6 +282,11 @@ def profile_service_time(
 ) -> ServiceProfile:
     """Time ``model(make_batch(b))`` for each ``b`` (median of ``repeats``) and fit ``alpha + beta * b``.
 
+    The sizes are timed in turn, round after round, rather than one size
+    after another: a burst of work elsewhere on the machine then slows one
+    round of every size instead of all the repeats of one size, and the
+    medians stay in order.
+
     >>> p = profile_service_time(lambda x: x.sum(), lambda b: np.ones((b, 10)), [1, 2, 4], repeats=3)
     >>> p.sizes.tolist(), p.seconds.shape
     ([1, 2, 4], (3,))
@@ -290,16 +295,16 @@ def profile_service_time(
         raise ValueError(f"sizes must hold at least two batch sizes >= 1, got {list(sizes)!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    medians = []
-    for b in sizes:
-        batch = make_batch(b)
+    batches = [make_batch(b) for b in sizes]
+    for batch in batches:
         model(batch)  # warm caches and lazy allocations first
-        times = []
-        for _ in range(repeats):
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats):
+        for k, batch in enumerate(batches):
             started = time.perf_counter()
             model(batch)
-            times.append(time.perf_counter() - started)
-        medians.append(statistics.median(times))
+            times[k].append(time.perf_counter() - started)
+    medians = [statistics.median(t) for t in times]
     sizes_arr, seconds = np.asarray(sizes, dtype=float), np.asarray(medians)
     beta, alpha = np.polyfit(sizes_arr, seconds, 1)
     return ServiceProfile(np.asarray(sizes), seconds, float(max(alpha, 0.0)), float(max(beta, 0.0)))
