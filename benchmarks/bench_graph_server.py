@@ -60,7 +60,9 @@ def plausible(profile: ServiceProfile) -> bool:
 
 
 def service_table(sizes: Any, seconds: Any) -> Any:
-    sizes, seconds = np.asarray(sizes, dtype=float), np.maximum.accumulate(np.asarray(seconds, dtype=float))
+    """Interpolated s(b), evened out: never dearer per request than b = 1, never cheaper than a smaller batch."""
+    sizes, seconds = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    seconds = np.maximum.accumulate(np.minimum(seconds, seconds[0] * sizes / sizes[0]))
     return lambda b: float(np.interp(b, sizes, seconds))
 
 
@@ -77,7 +79,8 @@ def build_twin(stages: dict, documents: list[str]) -> tuple[dict, dict[str, int]
         stage, deps = stages[name]
         sizes = [b for b in (1, 2, 4, 8, 16) if b <= stage.max_batch_size]
         for attempt in range(1, 4):
-            profile = profile_service_time(stage.fn, lambda b, name=name: items[name][:b], sizes, repeats=15)
+            profile = profile_service_time(stage.fn, lambda b, name=name: items[name][:b], sizes, repeats=15,
+                                           clock=time.thread_time)  # CPU seconds: a core of its own
             attempts[name] = attempt
             if plausible(profile):
                 break

@@ -426,6 +426,10 @@ class GraphServer:
                 raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
             job = _Job(self._submitted, inputs, dict(self._waiting_template), len(self._order), self._now())
             self._submitted += 1
+            if not self._order:  # a graph without stages answers at once
+                with self._lock:
+                    self._records.append((job.number, job.submitted, job.submitted))
+                job.future.set_result({})
             # Under the lock, so close() cannot shut an entry stage between the check above and the submit.
             for stage_name in self._entry:
                 if job.failed:

@@ -278,14 +278,23 @@ class ServiceProfile:
 
 
 def profile_service_time(
-    model: Callable[[Any], Any], make_batch: Callable[[int], Any], sizes: Sequence[int], repeats: int = 15
+    model: Callable[[Any], Any],
+    make_batch: Callable[[int], Any],
+    sizes: Sequence[int],
+    repeats: int = 15,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> ServiceProfile:
     """Time ``model(make_batch(b))`` for each ``b`` (median of ``repeats``) and fit ``alpha + beta * b``.
 
     The sizes are timed in turn, round after round, rather than one size
     after another: a burst of work elsewhere on the machine then slows one
     round of every size instead of all the repeats of one size, and the
-    medians stay in order.
+    medians stay in order.  ``clock`` reads seconds: wall time by default;
+    ``time.thread_time`` counts only the CPU time of the calling thread,
+    which other processes cannot inflate by taking the core away — the cost
+    on a core of one's own (it misses work on other threads, such as a
+    multi-threaded BLAS call's).
 
     >>> p = profile_service_time(lambda x: x.sum(), lambda b: np.ones((b, 10)), [1, 2, 4], repeats=3)
     >>> p.sizes.tolist(), p.seconds.shape
@@ -301,9 +310,9 @@ def profile_service_time(
     times: list[list[float]] = [[] for _ in sizes]
     for _ in range(repeats):
         for k, batch in enumerate(batches):
-            started = time.perf_counter()
+            started = clock()
             model(batch)
-            times[k].append(time.perf_counter() - started)
+            times[k].append(clock() - started)
     medians = [statistics.median(t) for t in times]
     sizes_arr, seconds = np.asarray(sizes, dtype=float), np.asarray(medians)
     beta, alpha = np.polyfit(sizes_arr, seconds, 1)

@@ -281,6 +281,11 @@ def test_load_generators_report_per_stage_times_for_their_own_run(models):
     assert len(server.records) == 101 and (server.latencies() > 0).all()
 
 
+def test_a_graph_without_stages_answers_at_once():
+    with GraphServer({}, inputs=["x"]) as server:
+        assert server.submit({"x": 1}).result(timeout=1) == {} and server.threads == 0
+
+
 def test_repr_and_thread_count():
     stages = {"a": (Stage(fn=each(len), replicas=2), ["x"]), "b": (Stage(fn=each(len)), ["x"])}
     server = GraphServer(stages, inputs=["x"])
