@@ -12,6 +12,7 @@ Introduced in notebook 05.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -132,7 +133,7 @@ class DynamicBatcher:
         self.max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
         self.replicas = check_count("replicas", replicas) or 1
         if isinstance(clock, SystemClock) or (hasattr(clock, "now") and hasattr(clock, "wait")):
-            self.clock: Clock = clock  # type: ignore[assignment]
+            self.clock: Clock = clock
         elif callable(clock):
             self.clock = SystemClock(clock)
         else:
@@ -474,7 +475,7 @@ class GraphServer:
         except Exception as exc:  # noqa: BLE001 - whatever happens, the request's future is told
             self._fail(job, exc)
             return
-        future.add_done_callback(lambda done, job=job, stage_name=stage_name: self._done(job, stage_name, done))
+        future.add_done_callback(functools.partial(self._done, job, stage_name))
 
     def _done(self, job: _Job, stage_name: str, done: Future) -> None:
         # Runs on the stage's worker thread once the request's batch finished: count down, hand on, or answer.
