@@ -193,9 +193,9 @@ class DaskGraphCluster:
 
     def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
         """Send one request (one graph); the future gives every node's value."""
+        self.plan.check_inputs(inputs)
         if self._pool is None:
             raise RuntimeError("not started: use `with DaskGraphCluster(...) as cluster:` or call .start()")
-        self.plan.check_inputs(inputs)
         return self._pool.submit(self.run, inputs)
 
     def close(self) -> list[int]:

@@ -447,9 +447,12 @@ class RayServeGraph:
         if ray.is_initialized():
             raise RuntimeError("Ray is already running in this process; RayServeGraph starts and stops its own")
         if ray_constants.ENABLE_RAY_CLUSTER:
-            raise LoopbackError("Ray was imported before infergraph_lite.ray_serve with multi-node clusters enabled, "
-                                "so its node would listen on the network; restart the kernel and import "
-                                "infergraph_lite.ray_serve first (or set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0)")
+            if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
+                raise LoopbackError("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is set to enable multi-node clusters, so Ray's "
+                                    "node would listen on the network; unset it to serve on 127.0.0.1 only")
+            # Ray was imported before this module set the variable, and read it then; its node-address
+            # lookup reads this flag on every call, so setting it now has the effect the variable would have had.
+            ray_constants.ENABLE_RAY_CLUSTER = False
         if not ray.__version__.startswith(TESTED_RAY):
             raise LoopbackError(f"ray {ray.__version__} is installed; the loopback hook was tested with "
                                 f"{TESTED_RAY}* (requirements.txt pins it)")
@@ -518,11 +521,11 @@ class RayServeGraph:
 
     def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
         """Send one request; the future gives every node's value, or a NodeError naming the node that failed."""
-        if self._handle is None or self._loop is None:
-            raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
         missing = sorted(self.plan.inputs - inputs.keys())
         if missing:
             raise MissingInputError(missing)
+        if self._handle is None or self._loop is None:
+            raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
         response = self._handle.remote(dict(inputs))
         return asyncio.run_coroutine_threadsafe(self._answer(response), self._loop)
 
