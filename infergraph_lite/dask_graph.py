@@ -179,8 +179,14 @@ class DaskGraphCluster:
         return self
 
     def started_pids(self) -> list[int]:
-        """The PIDs of the processes the cluster started that are still alive."""
-        return [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in self._before]
+        """The PIDs of the processes the cluster started that are still alive.
+
+        Python's multiprocessing *resource tracker*, which the first spawned worker starts and which
+        lives as long as this interpreter (it cleans up what crashed children leak), is not counted:
+        it is not the cluster's, and it exits with this process.
+        """
+        return [p.pid for p in psutil.Process().children(recursive=True)
+                if p.pid not in self._before and not _is_resource_tracker(p)]
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run one request's graph on the cluster and return every node's value."""
@@ -220,6 +226,13 @@ class DaskGraphCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    try:
+        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _wait_or_stop(pids: Sequence[int], timeout: float = 10.0) -> list[int]:

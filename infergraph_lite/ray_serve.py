@@ -508,7 +508,9 @@ class RayServeGraph:
         self._handle = None
         pids = self.started_pids()
         if ray.is_initialized():
-            ray.shutdown()  # stops the raylet, GCS and every worker; serve.shutdown() first would only add seconds
+            with contextlib.suppress(Exception):  # Serve may be half started after a failed start
+                serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
+            ray.shutdown()  # stops the raylet, the GCS and every worker
         return _stop_processes(pids)
 
     def __enter__(self) -> RayServeGraph:
@@ -542,13 +544,18 @@ class RayServeGraph:
 
     def batch_sizes(self) -> dict[str, dict[int, int]]:
         """For each batching stage, how many batches of each size its replicas ran (all replicas together)."""
+        if self._loop is None:
+            raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
         sizes = {}
         for name, (stage, _) in self.plan.nodes.items():
             if batch_options(stage) is None:
                 continue
             handle = serve.get_deployment_handle(name, app_name=self.app_name)
             total: collections.Counter[int] = collections.Counter()
-            for replica_sizes in handle.broadcast("batch_sizes").results(timeout_s=30):
+            # On our own loop: Serve's sync results() refuses to run where a loop is running (a notebook).
+            replies = asyncio.run_coroutine_threadsafe(handle.broadcast("batch_sizes").results_async(timeout_s=30),
+                                                       self._loop).result(timeout=60)
+            for replica_sizes in replies:
                 total.update(replica_sizes)
             sizes[name] = dict(sorted(total.items()))
         return sizes
