@@ -461,9 +461,7 @@ class RayServeGraph:
         try:
             for name in ("ray", "ray.serve"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, logging_level=logging.WARNING,
-                     log_to_driver=False, _node_ip_address="127.0.0.1",
-                     runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+            self._init_ray()
             self.timings["ray_init"] = time.perf_counter() - started
             serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
             self._handle = serve.run(self.application(), name=self.app_name, route_prefix=None,
@@ -477,6 +475,23 @@ class RayServeGraph:
             self.close()
             raise
         return self
+
+    def _init_ray(self, attempts: int = 3) -> None:
+        # Ray gives its raylet a fixed 30 s to register; on a machine busy with other work that can pass.
+        # Then stop what was started, by PID, and try again.
+        for attempt in range(1, attempts + 1):
+            try:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=False, _node_ip_address="127.0.0.1",
+                         runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+                return
+            except Exception as error:
+                if "timed out during startup" not in str(error) or attempt == attempts:
+                    raise
+                pids = self.started_pids()
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                _stop_processes(pids)
 
     def started_pids(self) -> list[int]:
         """The PIDs of every process Ray started for us that is still alive (our descendants since start)."""
