@@ -27,18 +27,18 @@ import concurrent.futures
 import contextlib
 import itertools
 import time
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import psutil
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
+from dask.typing import Key
 
 from .graph import Graph, InvalidNodeError, Plan, prepare
 from .stage import Stage
 
 __all__ = ["DaskGraphCluster", "run_dask", "stage_item", "to_dask_graph"]
 
-Key = Hashable
 
 
 def stage_item(fn: Any, *values: Any) -> Any:
@@ -65,7 +65,7 @@ def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any]) -> Plan:
 
 
 def to_dask_graph(
-    nodes: Graph, inputs: Mapping[str, Any], *, request: Hashable | None = None, plan: Plan | None = None
+    nodes: Graph, inputs: Mapping[str, Any], *, request: int | str | None = None, plan: Plan | None = None
 ) -> dict[Key, GraphNode]:
     """The graph as a Dask task graph: each input a ``DataNode``, each node a ``Task`` on its dependencies.
 
@@ -127,7 +127,8 @@ def run_dask(nodes: Graph, inputs: Mapping[str, Any], *, client: Any = None) -> 
 class DaskGraphCluster:
     """A ``distributed.LocalCluster`` on 127.0.0.1 that runs one task graph per request; a context manager.
 
-    Scheduler, nannies and workers listen on 127.0.0.1 only, on free ports, with no dashboard.
+    Scheduler (and its small HTTP server: without bokeh there is no dashboard page), nannies and workers
+    listen on 127.0.0.1 only, each on a free port.
     ``submit(inputs)`` builds the request's graph (keys ``(name, request number)``) and returns a
     ``concurrent.futures.Future`` of every node's value; ``max_requests`` graphs are in flight at once.
     On exit the client and cluster are closed and every process the cluster started is waited for by
@@ -169,7 +170,7 @@ class DaskGraphCluster:
         try:
             self.cluster = LocalCluster(host="127.0.0.1", n_workers=self.n_workers,
                                         threads_per_worker=self.threads_per_worker, processes=self.processes,
-                                        dashboard_address=None, silence_logs=40)
+                                        dashboard_address="127.0.0.1:0", silence_logs=40)
             self.client = Client(self.cluster)
         except BaseException:
             self.close()
@@ -192,10 +193,10 @@ class DaskGraphCluster:
         """Run one request's graph on the cluster and return every node's value."""
         if self.client is None:
             raise RuntimeError("not started: use `with DaskGraphCluster(...) as cluster:` or call .start()")
-        graph = to_dask_graph(self.nodes, inputs, request=next(self._counter), plan=self.plan)
-        keys = [k for k in graph if isinstance(k, tuple) and k[0] in self.plan.nodes]
-        values = self.client.get(graph, keys)
-        return {k[0]: v for k, v in zip(keys, values)}
+        request = next(self._counter)
+        graph = to_dask_graph(self.nodes, inputs, request=request, plan=self.plan)
+        values = self.client.get(graph, [(name, request) for name in self.plan.order])
+        return dict(zip(self.plan.order, values))
 
     def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
         """Send one request (one graph); the future gives every node's value."""

@@ -67,7 +67,9 @@ from .policy import AIMD  # noqa: E402
 from .stage import Stage, prepare_stages  # noqa: E402
 
 __all__ = [
+    "INGRESS_DEPLOYMENT",
     "LOOPBACK_ENV",
+    "STAGE_DEPLOYMENT",
     "TESTED_RAY",
     "GraphIngress",
     "Listener",
@@ -292,7 +294,6 @@ def deployment_options(
 # --- the deployments ----------------------------------------------------------------------------------
 
 
-@serve.deployment
 class StageReplica:
     """One replica of one stage: runs the stage's batch function, in Serve's batches when the stage batches.
 
@@ -339,7 +340,6 @@ class _Failed:
     error: BaseException
 
 
-@serve.deployment(max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
 class GraphIngress:
     """The graph's entry point: sends each node its dependencies' responses, unawaited, in topological order.
 
@@ -363,6 +363,11 @@ class GraphIngress:
             except Exception as error:  # noqa: BLE001 - handed back to the caller as a NodeError naming the node
                 return _Failed(name, getattr(error, "cause", None) or error)
         return results
+
+
+# The classes above as Serve deployments: each node's options are set in RayServeGraph.application().
+STAGE_DEPLOYMENT = serve.deployment(StageReplica)
+INGRESS_DEPLOYMENT = serve.deployment(GraphIngress, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
 
 
 # --- the graph on a local Ray ---------------------------------------------------------------------------------
@@ -435,10 +440,10 @@ class RayServeGraph:
         bound = {}
         for name, (stage, _) in self.plan.nodes.items():
             options = deployment_options(stage, self.num_cpus_per_replica, self.autoscaling.get(name))
-            bound[name] = StageReplica.options(name=name, **options).bind(name, stage.fn, batch_options(stage))
+            bound[name] = STAGE_DEPLOYMENT.options(name=name, **options).bind(name, stage.fn, batch_options(stage))
         order = list(self.plan.order)
         deps = {name: list(self.plan.nodes[name][1]) for name in order}
-        return GraphIngress.options(name=self.ingress_name).bind(order, deps, bound)
+        return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(order, deps, bound)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -476,7 +481,7 @@ class RayServeGraph:
             raise
         return self
 
-    def _init_ray(self, attempts: int = 3) -> None:
+    def _init_ray(self, attempts: int = 2) -> None:
         # Ray gives its raylet a fixed 30 s to register; on a machine busy with other work that can pass.
         # Then stop what was started, by PID, and try again.
         for attempt in range(1, attempts + 1):
