@@ -482,8 +482,9 @@ class RayServeGraph:
         return self
 
     def _init_ray(self, attempts: int = 2) -> None:
-        # Ray gives its raylet a fixed 30 s to register; on a machine busy with other work that can pass.
-        # Then stop what was started, by PID, and try again.
+        # Ray 2.60's raylet waits a fixed 15 s for its dashboard agent (a Python process) to report its ports,
+        # and ray.init a fixed 30 s for the raylet; on a machine busy with other work the agent's start-up can
+        # miss that window and Ray gives up. Then stop what was started, by PID, and try once more.
         for attempt in range(1, attempts + 1):
             try:
                 ray.init(num_cpus=self.num_cpus, include_dashboard=False, logging_level=logging.WARNING,
