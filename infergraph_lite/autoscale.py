@@ -234,8 +234,8 @@ def simulate_autoscaling(
             ongoing_log.append(ongoing)
             control_t += autoscaler.interval
             continue
-        free = heapq.heappop(free_at)
-        if retiring:  # this replica was ordered away: it leaves now instead of taking a batch
+        heapq.heappop(free_at)  # the replica that is free first takes the batch ...
+        if retiring:  # ... unless it was ordered away: then it leaves now instead
             retiring -= 1
             continue
         size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
@@ -250,7 +250,6 @@ def simulate_autoscaling(
         finish_of[i:i + size] = start + duration
         heapq.heappush(free_at, start + duration)
         heapq.heappush(in_flight, (start + duration, size))
-        del free
         i += size
 
     end = float(finish_of.max())
