@@ -1,10 +1,12 @@
 """Capacity planning for a served graph: per-stage batching and replicas that meet a p99 target at least cost.
 
 InferLine's idea (Crankshaw et al., "InferLine: latency-aware provisioning and scaling for prediction serving
-pipelines", SoCC 2020), on this package's simulator: start from the cheapest configuration that can keep up,
-then greedily take the change — one more replica somewhere, or another batch size or batch window for a
-model — that cuts the simulated end-to-end p99 the most per unit of cost, until the target is met; then try
-to take replicas away again.  Every candidate is checked by :func:`~infergraph_lite.simulate.simulate_graph`
+pipelines", SoCC 2020): a greedy search over each model's batch size and replicas with a simulator of the whole
+pipeline in the loop.  InferLine starts from a feasible, expensive configuration and greedily takes cost away;
+this planner runs the other way: it starts from the cheapest configuration that can keep up, greedily takes
+the change — one more replica somewhere, or another batch size or batch window for a model — that cuts the
+simulated end-to-end p99 the most per unit of cost until the target is met, then tries to take replicas away
+again.  Every candidate is checked by :func:`~infergraph_lite.simulate.simulate_graph`
 with the same arrivals and draws (common random numbers), so candidates are compared fairly.
 
 Cost is replicas times their price per hour, and per million requests at the planned arrival rate.
@@ -223,7 +225,7 @@ def plan_capacity(
     min_gain: float = 0.002,
 ) -> CapacityPlan:
     """Choose ``max_batch_size``, ``max_wait`` and ``replicas`` per stage so the simulated end-to-end p99 meets
-    ``p99_target`` at the least cost (InferLine's greedy planner).
+    ``p99_target`` at the least cost (a greedy planner with the simulator in the loop, as InferLine's).
 
     1. *Cheapest configuration that keeps up:* every model stage (see :func:`tunable_stages`) at its largest
        batch size with no window (its highest capacity), and every stage at the fewest replicas that keep its
