@@ -455,7 +455,7 @@ def simulate_graph(
     window_end = done[skip:].max()
     span = window_end - window_start
     stats = {}
-    for name in plan.order:
+    for name in plan.nodes:  # in the order the stages were given
         arrive, start, finish, size, b_size, b_start, b_end = served[name]
         replicas = plan.nodes[name][0].replicas
         busy = float(np.sum(np.clip(b_end, window_start, window_end) - np.clip(b_start, window_start, window_end)))
