@@ -191,17 +191,26 @@ def test_parallel_speedup_bound_rejects_width_and_inverted_ratio():
         lambda nodes, d: critical_path(nodes, d)[1] / sum(d.values())), "divided by")
 
 
-def test_run_levels_parallel_rejects_sequential_and_as_soon_as_possible_executors():
+def test_run_asap_parallel_rejects_sequential_and_level_by_level_executors():
+    from concurrent.futures import ThreadPoolExecutor
+
     from infergraph_lite import run_graph_parallel
 
     def sequential(nodes, inputs, workers):
         return run_graph(nodes, inputs)
 
-    def eager(nodes, inputs, workers):
-        return run_graph_parallel(nodes, inputs, max_workers=workers)
+    def by_levels(nodes, inputs, workers):
+        results = dict(inputs)
+        with ThreadPoolExecutor(workers) as pool:
+            for level in levels(nodes, inputs):
+                futures = {n: pool.submit(nodes[n][0], *[results[d] for d in nodes[n][1]]) for n in level}
+                results.update({n: f.result() for n, f in futures.items()})
+        return results
 
-    assert_wrong(checks.check_run_levels_parallel(sequential), "ran one after the other", "at the same time")
-    assert_wrong(checks.check_run_levels_parallel(eager), "waits for the whole level")
+    assert_wrong(checks.check_run_asap_parallel(sequential), "ran one after the other", "at the same time")
+    assert_wrong(checks.check_run_asap_parallel(by_levels), "after_fast waited for slow", "level-by-level")
+    assert checks.check_run_asap_parallel(lambda nodes, inputs, workers: run_graph_parallel(nodes, inputs,
+                                                                                            max_workers=workers)).passed
 
 
 def test_best_node_to_speed_up_rejects_the_longest_node_and_the_first_on_the_path():
