@@ -207,6 +207,7 @@ def draw_levels(
                                      shrinkA=0, shrinkB=0, linewidth=0, zorder=2 if red else 1,
                                      gid=f"arrowhead:{u}->{v}"))
     for name, (x, y) in layout.centre.items():
+        fill: Any
         if name in level_of:
             r, g_, b, _ = fill = cmap(level_of[name])
             dark = 0.299 * r + 0.587 * g_ + 0.114 * b < 0.5  # white text only on dark fills
