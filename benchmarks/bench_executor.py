@@ -14,7 +14,8 @@ import random
 import dask
 from _timing import best_of, machine, table, verdict
 
-from infergraph_lite import run_graph, run_graph_original, topological_order
+from infergraph_lite import run_graph, topological_order
+from infergraph_lite.original import run_graph_original
 
 
 def add(*args: int) -> int:

@@ -1,48 +1,78 @@
 """infergraph_lite: the small inference-graph executor built across the notebooks.
 
 The public names below are the ones the notebooks, exercises and tests use.
+The seed's original loop is kept apart, in :mod:`infergraph_lite.original`.
 """
 
-from .batching import BatchError, DynamicBatcher, QueueFullError, profile_service_time
-from .execute import NodeError, TraceEvent, measure_node_durations, run_graph, run_graph_parallel
+from .batching import BatchError, BatchRecord, DynamicBatcher, QueueFullError, RequestRecord
+from .claims import ClaimError, expect
+from .execute import (
+    NodeError,
+    TraceEvent,
+    measure_node_durations,
+    run_graph,
+    run_graph_parallel,
+    run_plan,
+    run_plan_parallel,
+)
 from .graph import (
     CycleError,
     GraphError,
     InvalidNodeError,
     MissingDependencyError,
+    MissingInputError,
     NameConflictError,
+    Plan,
     critical_path,
     find_cycle,
     levels,
+    prepare,
     topological_order,
     validate_graph,
 )
-from .original import run_graph_original
-from .simulate import AIMD, BatchingResult, UnstableLoadError, capacity, simulate_batching
+from .loadtest import LoadReport, ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
+from .policy import AIMD, BatchPolicy
+from .simulate import BatchingResult, UnstableLoadError, simulate_batching
+from .stage import Exponential, Stage, capacity
 
 __all__ = [
     "AIMD",
     "BatchError",
+    "BatchPolicy",
+    "BatchRecord",
     "BatchingResult",
+    "ClaimError",
     "CycleError",
     "DynamicBatcher",
+    "Exponential",
     "GraphError",
     "InvalidNodeError",
+    "LoadReport",
     "MissingDependencyError",
+    "MissingInputError",
     "NameConflictError",
     "NodeError",
+    "Plan",
     "QueueFullError",
+    "RequestRecord",
+    "ServiceProfile",
+    "Stage",
     "TraceEvent",
     "UnstableLoadError",
     "capacity",
     "critical_path",
+    "expect",
     "find_cycle",
     "levels",
     "measure_node_durations",
+    "prepare",
     "profile_service_time",
+    "run_closed_loop",
     "run_graph",
-    "run_graph_original",
     "run_graph_parallel",
+    "run_open_loop",
+    "run_plan",
+    "run_plan_parallel",
     "simulate_batching",
     "topological_order",
     "validate_graph",

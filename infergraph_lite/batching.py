@@ -1,9 +1,11 @@
-"""A real dynamic batcher (threads), and profiling a real model's batch service time.
+"""A real dynamic batcher on threads, running the package's one batching policy.
 
-:class:`DynamicBatcher` runs the same policy as :func:`simulate_batching`:
-whenever the worker is free and at least one request waits, a batch starts if
-``max_batch_size`` requests wait or the oldest has waited ``max_wait``
-seconds; it takes the oldest ``min(queue, max_batch_size)``.
+:class:`DynamicBatcher` collects single requests into batches for a batch
+function.  When a batch starts and how many it takes is decided by
+:class:`~infergraph_lite.policy.BatchPolicy` — the same object
+:func:`~infergraph_lite.simulate.simulate_batching` calls — on the batcher's
+clock, so the real batcher and the simulation form the same batches from the
+same arrivals (a property test drives it on a virtual clock to check).
 
 Introduced in notebook 05.
 """
@@ -11,19 +13,17 @@ Introduced in notebook 05.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
+from .policy import AIMD, BatchPolicy, check_count
 
-__all__ = ["BatchError", "DynamicBatcher", "QueueFullError", "RequestRecord", "ServiceProfile",
-           "profile_service_time", "run_open_loop"]
+__all__ = ["BatchError", "BatchRecord", "Clock", "DynamicBatcher", "QueueFullError", "RequestRecord", "SystemClock"]
 
 
 class BatchError(RuntimeError):
@@ -47,49 +47,104 @@ class RequestRecord:
         return self.queue_time + self.service_time
 
 
+@dataclass(frozen=True)
+class BatchRecord:
+    """One batch: the submit number of its oldest request, its size, and when it ran (clock seconds)."""
+
+    first: int
+    size: int
+    start: float
+    end: float
+
+
+class Clock(Protocol):
+    """What the batcher needs of time: read it, and wait on a condition for at most ``timeout``."""
+
+    def now(self) -> float: ...
+
+    def wait(self, condition: threading.Condition, timeout: float | None) -> None: ...
+
+
+class SystemClock:
+    """Real time: ``now`` is a monotonic clock; ``wait`` is the condition's own timed wait."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic):
+        self.now = now
+
+    def wait(self, condition: threading.Condition, timeout: float | None) -> None:
+        condition.wait(timeout)
+
+
 @dataclass(slots=True)
 class _Pending:
+    number: int
     item: Any
     future: Future
     submitted: float
 
 
 class DynamicBatcher:
-    """Collect single requests into batches for ``batch_fn(list) -> list``, on a background thread.
+    """Collect single requests into batches for ``batch_fn(list) -> list``, on background threads.
+
+    ``max_batch_size`` (an int, None or an :class:`~infergraph_lite.policy.AIMD`)
+    and ``max_wait`` (seconds) are the :class:`~infergraph_lite.policy.BatchPolicy`;
+    ``replicas`` worker threads share the queue, as model instances share
+    Triton's; ``max_queue_size`` bounds the waiting requests (a full queue
+    refuses new ones with :class:`QueueFullError`).  ``clock`` is a callable
+    returning seconds (default ``time.monotonic``) or a :class:`Clock`; a
+    virtual one makes the batcher's decisions reproducible in tests.
 
     >>> with DynamicBatcher(lambda xs: [x * 2 for x in xs], max_batch_size=4, max_wait=0.01) as batcher:
     ...     futures = [batcher.submit(i) for i in range(6)]
     ...     [f.result() for f in futures]
     [0, 2, 4, 6, 8, 10]
-    >>> len(batcher.records)
-    6
+    >>> len(batcher.records), sum(b.size for b in batcher.batches)
+    (6, 6)
     """
 
     def __init__(
         self,
         batch_fn: Callable[[list[Any]], Sequence[Any]],
-        max_batch_size: int | None,
-        max_wait: float,
+        max_batch_size: int | AIMD | None = 1,
+        max_wait: float = 0.0,
         max_queue_size: int | None = None,
+        *,
+        replicas: int = 1,
+        clock: Clock | Callable[[], float] = time.monotonic,
+        name: str = "dynamic-batcher",
     ):
         if not callable(batch_fn):
             raise ValueError(f"batch_fn must be callable, got {batch_fn!r}")
-        if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
-            raise ValueError(f"max_batch_size must be an integer >= 1 or None, got {max_batch_size!r}")
-        if not isinstance(max_wait, (int, float)) or not (max_wait >= 0 and math.isfinite(max_wait)):
-            raise ValueError(f"max_wait must be a finite number of seconds >= 0, got {max_wait!r}")
-        if max_queue_size is not None and (not isinstance(max_queue_size, int) or max_queue_size < 1):
-            raise ValueError(f"max_queue_size must be an integer >= 1 or None, got {max_queue_size!r}")
+        self.policy = BatchPolicy(max_batch_size, max_wait)
+        self.max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
+        self.replicas = check_count("replicas", replicas) or 1
+        if isinstance(clock, SystemClock) or (hasattr(clock, "now") and hasattr(clock, "wait")):
+            self.clock: Clock = clock  # type: ignore[assignment]
+        elif callable(clock):
+            self.clock = SystemClock(clock)
+        else:
+            raise ValueError(f"clock must be a callable returning seconds or a Clock, got {clock!r}")
         self.batch_fn = batch_fn
-        self.max_batch_size = max_batch_size
-        self.max_wait = float(max_wait)
-        self.max_queue_size = max_queue_size
+        self.name = name
         self._records: list[tuple[float, float, int]] = []  # raw, cheap to append on the worker's hot path
+        self._batches: list[BatchRecord] = []
         self._queue: deque[_Pending] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._worker = threading.Thread(target=self._serve, name="dynamic-batcher", daemon=True)
-        self._worker.start()
+        self._submitted = 0
+        self._workers = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+                         for i in range(self.replicas)]
+        for worker in self._workers:
+            worker.start()
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """The current cap (an AIMD's moves while it runs)."""
+        return self.policy.cap
+
+    @property
+    def max_wait(self) -> float:
+        return self.policy.max_wait
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -97,29 +152,43 @@ class DynamicBatcher:
         with self._cond:
             return [RequestRecord(*raw) for raw in self._records]
 
+    @property
+    def batches(self) -> list[BatchRecord]:
+        """One :class:`BatchRecord` per batch started so far, in the order they started."""
+        with self._cond:
+            return sorted(self._batches, key=lambda b: (b.start, b.first))
+
+    def queued(self) -> int:
+        """How many requests are waiting for a batch right now."""
+        with self._cond:
+            return len(self._queue)
+
     def submit(self, item: Any) -> Future:
         """Queue one request; its :class:`~concurrent.futures.Future` resolves to its result."""
         with self._cond:
             if self._closed:
-                raise RuntimeError("submit() after close(): this DynamicBatcher no longer accepts requests")
+                raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
             if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
-                raise QueueFullError(f"queue is full ({self.max_queue_size} waiting, max_queue_size); request refused")
+                raise QueueFullError(f"{self.name}: queue is full ({self.max_queue_size} waiting, max_queue_size); "
+                                     "request refused")
             future: Future = Future()
-            self._queue.append(_Pending(item, future, time.perf_counter()))
-            # Wake the worker only when it may be idle (queue was empty) or a batch just filled: otherwise it
-            # is busy or waiting out the window, and will look again by itself.  Waking it for every request
-            # costs a lock and GIL hand-over per request and makes it start batches of one.
-            queued = len(self._queue)
-            if queued == 1 or queued == self.max_batch_size:
+            self._queue.append(_Pending(self._submitted, item, future, self.clock.now()))
+            self._submitted += 1
+            # Wake a worker only when one may be idle (queue was empty) or a batch just filled: otherwise the
+            # workers are busy or waiting out the window and will look again by themselves.  Waking one per
+            # request costs a lock and GIL hand-over each and makes it start batches of one.
+            queued, cap = len(self._queue), self.policy.cap
+            if queued == 1 or (cap is not None and queued % cap == 0):
                 self._cond.notify()
         return future
 
     def close(self) -> None:
-        """Stop accepting requests, serve everything already queued, and stop the worker."""
+        """Stop accepting requests, serve everything already queued, and stop the workers."""
         with self._cond:
             self._closed = True
-            self._cond.notify()
-        self._worker.join()
+            self._cond.notify_all()
+        for worker in self._workers:
+            worker.join()
 
     def __enter__(self) -> DynamicBatcher:
         return self
@@ -127,110 +196,49 @@ class DynamicBatcher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _next_batch(self) -> list[_Pending] | None:
+    def _next_batch(self) -> tuple[list[_Pending], float] | None:
         # Wait until the policy says a batch may start; None once closed and drained.
-        cap = self.max_batch_size or math.inf
+        policy, queue = self.policy, self._queue
         with self._cond:
             while True:
-                if self._queue:
-                    waited = time.perf_counter() - self._queue[0].submitted
-                    if len(self._queue) >= cap or waited >= self.max_wait or self._closed:
-                        size = int(min(len(self._queue), cap))
-                        return [self._queue.popleft() for _ in range(size)]
-                    self._cond.wait(self.max_wait - waited)
+                if queue:
+                    now = self.clock.now()
+                    cap = policy.cap
+                    full_at = queue[cap - 1].submitted if cap is not None and len(queue) >= cap else math.inf
+                    start = now if self._closed else policy.start_time(now, queue[0].submitted, full_at)
+                    if start <= now:
+                        batch = [queue.popleft() for _ in range(policy.take(len(queue)))]
+                        if queue:
+                            self._cond.notify()  # more waits: another idle worker may start on it
+                        return batch, now
+                    self.clock.wait(self._cond, start - now)
                 elif self._closed:
                     return None
                 else:
-                    self._cond.wait()
+                    self.clock.wait(self._cond, None)
 
     def _serve(self) -> None:
-        while (batch := self._next_batch()) is not None:
+        while (taken := self._next_batch()) is not None:
+            batch, started = taken
+            first, size = batch[0].number, len(batch)
             batch = [p for p in batch if p.future.set_running_or_notify_cancel()]  # skip cancelled requests
-            if not batch:
-                continue
-            started = time.perf_counter()
-            try:
-                results = list(self.batch_fn([p.item for p in batch]))
-                error = None if len(results) == len(batch) else BatchError(
-                    f"batch_fn returned {len(results)} results for a batch of {len(batch)}")
-            except Exception as exc:  # noqa: BLE001 - every request of the batch is told, the worker goes on
-                results, error = [], BatchError(f"batch of {len(batch)} failed: {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-            ended = time.perf_counter()
-            service, size = ended - started, len(batch)
+            if batch:
+                try:
+                    results = list(self.batch_fn([p.item for p in batch]))
+                    error = None if len(results) == len(batch) else BatchError(
+                        f"{self.name}: batch_fn returned {len(results)} results for a batch of {len(batch)}")
+                except Exception as exc:  # noqa: BLE001 - every request of the batch is told, the worker goes on
+                    results, error = [], BatchError(f"{self.name}: batch of {len(batch)} failed: "
+                                                    f"{type(exc).__name__}: {exc}")
+                    error.__cause__ = exc
+            ended = self.clock.now()
+            service = ended - started
             with self._cond:
-                self._records.extend((started - p.submitted, service, size) for p in batch)
+                self.policy.observe(service, size)
+                self._batches.append(BatchRecord(first, size, started, ended))
+                self._records.extend((started - p.submitted, service, len(batch)) for p in batch)
             for i, pending in enumerate(batch):
                 if error is None:
                     pending.future.set_result(results[i])
                 else:
                     pending.future.set_exception(error)
-
-
-@dataclass(frozen=True)
-class ServiceProfile:
-    """Measured batch service times and their straight-line fit ``alpha + beta * b`` (seconds)."""
-
-    sizes: np.ndarray
-    seconds: np.ndarray
-    alpha: float
-    beta: float
-
-    def predict(self, b: float | np.ndarray) -> float | np.ndarray:
-        return self.alpha + self.beta * b
-
-
-def profile_service_time(
-    model: Callable[[Any], Any], make_batch: Callable[[int], Any], sizes: Sequence[int], repeats: int = 15
-) -> ServiceProfile:
-    """Time ``model(make_batch(b))`` for each ``b`` (median of ``repeats``) and fit ``alpha + beta * b``.
-
-    >>> p = profile_service_time(lambda x: x.sum(), lambda b: np.ones((b, 10)), [1, 2, 4], repeats=3)
-    >>> p.sizes.tolist(), p.seconds.shape
-    ([1, 2, 4], (3,))
-    """
-    if len(sizes) < 2 or any(not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
-        raise ValueError(f"sizes must hold at least two batch sizes >= 1, got {list(sizes)!r}")
-    medians = []
-    for b in sizes:
-        batch = make_batch(b)
-        model(batch)  # warm caches and lazy allocations first
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            model(batch)
-            times.append(time.perf_counter() - started)
-        medians.append(statistics.median(times))
-    sizes_arr, seconds = np.asarray(sizes, dtype=float), np.asarray(medians)
-    beta, alpha = np.polyfit(sizes_arr, seconds, 1)
-    return ServiceProfile(np.asarray(sizes), seconds, float(max(alpha, 0.0)), float(max(beta, 0.0)))
-
-
-def run_open_loop(batcher: DynamicBatcher, arrivals: Sequence[float], make_item: Callable[[int], Any]) -> np.ndarray:
-    """Submit request ``i`` at time ``arrivals[i]`` seconds from now, whatever the server is doing.
-
-    *Open loop*: arrivals do not wait for answers, as with many independent
-    users, so a slow server builds a queue instead of slowing the load down
-    (a closed-loop load test hides exactly the queueing we want to measure).
-    Returns each request's latency in seconds, submit to result, in arrival order.
-
-    >>> with DynamicBatcher(lambda xs: xs, max_batch_size=4, max_wait=0.001) as b:
-    ...     latencies = run_open_loop(b, [0.0, 0.001, 0.002], make_item=lambda i: i)
-    >>> latencies.shape, bool((latencies > 0).all())
-    ((3,), True)
-    """
-    done_at = [math.nan] * len(arrivals)
-    futures = []
-    start = time.perf_counter()
-    submitted_at = []
-    for i, offset in enumerate(arrivals):
-        delay = start + offset - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        submitted_at.append(time.perf_counter())
-        future = batcher.submit(make_item(i))
-        future.add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.perf_counter()))
-        futures.append(future)
-    for future in futures:
-        future.result()
-    return np.asarray(done_at) - np.asarray(submitted_at)

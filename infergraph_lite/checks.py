@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from .examples import BANANA_INPUTS, banana_nodes
 from .execute import run_graph
 from .graph import critical_path, levels
-from .models import banana_nodes
-from .simulate import capacity, simulate_batching
+from .simulate import simulate_batching
+from .stage import capacity
 
 __all__ = [
     "Feedback",
@@ -45,9 +46,6 @@ __all__ = [
     "check_window_tradeoff",
     "parse_pbtxt",
 ]
-
-BANANA = {"text": "  BANANA  "}
-
 
 @dataclass(frozen=True)
 class Feedback:
@@ -106,7 +104,7 @@ def check_add_postprocess(add_postprocess: Callable[[dict], dict]) -> str:
     deps = list(nodes["postprocess"][1])
     _expect(deps == ["combine"], f"postprocess should depend on ['combine'] only, not {deps}")
     _expect(set(nodes) == set(before) | {"postprocess"}, "keep every original node, and add only postprocess")
-    out = run_graph(nodes, BANANA)["postprocess"]
+    out = run_graph(nodes, BANANA_INPUTS)["postprocess"]
     _expect(out == "len=6 a_count=3", f"for '  BANANA  ' postprocess returned {out!r}, "
                                       "expected 'len=6 a_count=3'")
     other = run_graph(nodes, {"text": "Alfalfa"})["postprocess"]
@@ -122,9 +120,9 @@ def check_modelC(add_vowel_model: Callable[[dict], dict]) -> str:
     _expect(list(nodes["modelC"][1]) == ["pre"], f"modelC should depend on ['pre'] only (to run beside A and B), "
                                                  f"not {list(nodes['modelC'][1])}")
     _expect(set(nodes["combine"][1]) == {"modelA", "modelB", "modelC"}, "combine should use modelA, modelB and modelC")
-    _expect(levels(nodes, BANANA)[1] == ["modelA", "modelB", "modelC"],
+    _expect(levels(nodes, BANANA_INPUTS)[1] == ["modelA", "modelB", "modelC"],
             "modelA, modelB and modelC should share a level")
-    out = run_graph(nodes, BANANA)["combine"]
+    out = run_graph(nodes, BANANA_INPUTS)["combine"]
     _expect(out == {"len": 6, "a_count": 3, "vowels": 3}, f"combine gave {out}, expected "
                                                          "{'len': 6, 'a_count': 3, 'vowels': 3}")
     out = run_graph(nodes, {"text": " Queue "})["combine"]
@@ -215,7 +213,7 @@ def check_missing_dependencies(missing_dependencies: Callable[[dict, Any], dict]
     expected = {"a": ["typo"], "b": ["modelC", "typo"]}
     _expect(found == expected, f"found {found}, expected {expected}: report every node with missing names, each "
                                "name once in the order listed; inputs and other nodes are not missing")
-    _expect(missing_dependencies(banana_nodes(), BANANA) == {}, "the seed graph with its input misses nothing")
+    _expect(missing_dependencies(banana_nodes(), BANANA_INPUTS) == {}, "the seed graph with its input misses nothing")
     return "every missing name reported at once."
 
 
@@ -231,12 +229,12 @@ def check_run_only_needed(run_only_needed: Callable[[dict, dict, list], dict]) -
         return wrapped
 
     nodes = {name: (spy(name, func), deps) for name, (func, deps) in banana_nodes().items()}
-    got = run_only_needed(nodes, BANANA, ["modelA"])
+    got = run_only_needed(nodes, BANANA_INPUTS, ["modelA"])
     _expect(got.get("modelA") == 6, f"modelA should be 6, got {got.get('modelA')!r}")
     _expect(sorted(calls) == ["modelA", "pre"],
             f"to get modelA only pre and modelA need to run, but {sorted(calls)} ran")
     calls.clear()
-    got = run_only_needed(nodes, BANANA, ["combine"])
+    got = run_only_needed(nodes, BANANA_INPUTS, ["combine"])
     _expect(got.get("combine") == {"len": 6, "a_count": 3} and len(calls) == 4 and len(set(calls)) == 4,
             f"for combine every node runs exactly once; ran {calls}")
     return "only the needed nodes ran, each once."
@@ -354,7 +352,7 @@ def check_batch_sizes_greedy(batch_sizes_greedy: Callable[[list[float], float, f
     for seed in range(3):
         arrivals = np.random.default_rng(seed).exponential(1.0, 300).cumsum().tolist()
         r = simulate_batching(None, (1.0, 0.5), None, 0.0, arrivals=arrivals, warmup=0.0)
-        expected = r.batch_size[np.unique(r.start, return_index=True)[1]].tolist()
+        expected = r.batches_size.tolist()
         got = list(batch_sizes_greedy(arrivals, 1.0, 0.5))
         _expect(sum(got) == len(arrivals), f"your batches hold {sum(got)} requests, but {len(arrivals)} arrived")
         if got != expected:

@@ -6,20 +6,24 @@ A graph is the seed's shape, kept everywhere in the collection::
 
 ``name -> (func, [dependency names])``.  A dependency is either another node or
 an *input*, a value handed to the executor.  This module only reasons about the
-shape; it never calls ``func`` (the simulator puts a stage spec there instead),
-and it imports nothing from the rest of the package.
+shape; it never calls ``func`` (a served graph puts a :class:`~infergraph_lite.stage.Stage`
+there instead), and it imports nothing from the rest of the package at load time
+(:meth:`Plan.run` reaches the executors when it is called).
 
-Introduced in notebook 02 (validation, Kahn's algorithm, cycles, levels) and
-notebook 03 (critical path).
+:func:`prepare` validates a graph once and returns a :class:`Plan` (the order,
+levels, dependents and in-degrees) that the executors, the simulator, the graph
+server and the checkers all share.
+
+Introduced in notebook 02 (validation, Kahn's algorithm, cycles, levels, the
+Plan) and notebook 03 (critical path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-NodeSpec = tuple[Any, Sequence[str]]
-Graph = Mapping[str, NodeSpec]
+Graph = Mapping[str, tuple[Any, Sequence[str]]]
 
 __all__ = [
     "CycleError",
@@ -27,12 +31,14 @@ __all__ = [
     "GraphError",
     "InvalidNodeError",
     "MissingDependencyError",
+    "MissingInputError",
     "NameConflictError",
-    "NodeSpec",
+    "Plan",
     "critical_path",
     "dependencies",
     "find_cycle",
     "levels",
+    "prepare",
     "topological_order",
     "validate_graph",
 ]
@@ -95,15 +101,30 @@ class InvalidNodeError(GraphError):
         super().__init__(f"node {node!r}: {problem}")
 
 
-def _input_names(inputs: Iterable[str] | Mapping[str, Any]) -> set[str]:
+class MissingInputError(GraphError):
+    """The graph reads inputs that were not given to the run.
+
+    >>> str(MissingInputError(["text"]))
+    "input 'text' was not given; the graph reads it"
+    """
+
+    def __init__(self, missing: Sequence[str]):
+        self.missing = list(missing)
+        names = ", ".join(repr(m) for m in self.missing)
+        noun = "input" if len(self.missing) == 1 else "inputs"
+        verb, pronoun = ("was", "it") if len(self.missing) == 1 else ("were", "them")
+        super().__init__(f"{noun} {names} {verb} not given; the graph reads {pronoun}")
+
+
+def _input_names(inputs: Iterable[str] | Mapping[str, Any]) -> frozenset[str]:
     # A mapping of input values or a plain collection of names both work.
     if isinstance(inputs, str):
         raise TypeError(f"inputs must be a collection of names, not the string {inputs!r}")
-    return set(inputs)
+    return frozenset(inputs)
 
 
-def _check_entry(name: object, entry: object, require_callable: bool) -> tuple[Any, tuple[str, ...]]:
-    # The slow path of _prepare's entry check: accepts what is valid, and explains what is not.
+def _explain_entry(name: object, entry: object, require_callable: bool) -> None:
+    # The slow path of prepare's entry check: raise the error that says what is wrong.
     if not isinstance(name, str):
         raise InvalidNodeError(name, f"node names must be strings, got {type(name).__name__}")
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
@@ -120,7 +141,139 @@ def _check_entry(name: object, entry: object, require_callable: bool) -> tuple[A
             raise InvalidNodeError(name, f"dependency names must be strings, got {dep!r}")
     if require_callable and not callable(func):
         raise InvalidNodeError(name, f"func must be callable, got {type(func).__name__} {func!r}")
-    return func, tuple(deps)
+
+
+class Plan:
+    """A graph validated once and prepared to run many times (like :class:`graphlib.TopologicalSorter`).
+
+    Made by :func:`prepare`.  It holds what every executor, checker and
+    simulator needs, computed once: ``nodes`` (``name -> (func, deps)``,
+    checked), ``inputs`` (the input names), ``order`` (Kahn's order, ties by
+    the dict's order), ``levels`` (nodes that could run at the same time,
+    sorted within a level), ``dependents`` (``name -> the nodes that use it``,
+    once per listing) and ``in_degree`` (node dependencies per node, counted
+    per listing, as Kahn's algorithm counts them).
+
+    >>> plan = prepare({"pre": (str.strip, ["text"]), "n": (len, ["pre"]), "up": (str.upper, ["pre"])},
+    ...                inputs=["text"])
+    >>> plan.order, plan.levels
+    (['pre', 'n', 'up'], [['pre'], ['n', 'up']])
+    >>> plan.run({"text": " ab "})["up"]
+    'AB'
+    """
+
+    __slots__ = ("dependents", "in_degree", "inputs", "levels", "nodes", "order", "steps")
+
+    def __init__(
+        self,
+        nodes: dict[str, tuple[Any, tuple[str, ...]]],
+        inputs: frozenset[str],
+        generations: list[list[str]],
+        dependents: dict[str, list[str]],
+        in_degree: dict[str, int],
+    ):
+        self.nodes = nodes
+        self.inputs = inputs
+        self.order = [name for generation in generations for name in generation]
+        self.levels = [sorted(generation) for generation in generations]
+        self.dependents = dependents
+        self.in_degree = in_degree
+        # The sequential executor's hot loop reads these tuples and nothing else.
+        self.steps = tuple((name, *nodes[name]) for name in self.order)
+
+    def __repr__(self) -> str:
+        return f"Plan({len(self.nodes)} nodes, {len(self.levels)} levels, inputs={sorted(self.inputs)})"
+
+    def dependencies(self, name: str) -> list[str]:
+        """The node dependencies of ``name`` (inputs left out), each once, in the order listed."""
+        return [d for d in dict.fromkeys(self.nodes[name][1]) if d in self.nodes]
+
+    def check_inputs(self, inputs: Mapping[str, Any]) -> None:
+        """Raise if ``inputs`` lacks an input the graph reads, or gives a value for a node's name."""
+        if not self.inputs <= inputs.keys():
+            missing = sorted(self.inputs - inputs.keys())
+            raise MissingInputError(missing)
+        if not self.nodes.keys().isdisjoint(inputs):
+            raise NameConflictError(next(name for name in inputs if name in self.nodes))
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run every node once, in :attr:`order`, and return the inputs plus every node's value.
+
+        See :func:`~infergraph_lite.execute.run_plan`.
+        """
+        from .execute import run_plan  # graph.py imports nothing from the package at load time
+
+        return run_plan(self, inputs)
+
+    def run_parallel(self, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """Run on a thread pool, each node as soon as its dependencies are done.
+
+        Options as :func:`~infergraph_lite.execute.run_plan_parallel` (``max_workers``, ``trace``, ``pool``).
+        """
+        from .execute import run_plan_parallel
+
+        return run_plan_parallel(self, inputs, **options)
+
+    def critical_path(self, durations: Mapping[str, float] | Callable[[str], float]) -> tuple[list[str], float]:
+        """The longest path, weighting each node by its duration; see :func:`critical_path`."""
+        return _critical_path(self, durations)
+
+
+def prepare(
+    nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = (), *, require_callable: bool = True
+) -> Plan:
+    """Validate a graph completely, once, and return the :class:`Plan` every executor runs.
+
+    Checks, in this order, so the first message is the most basic problem:
+    every entry is ``(func, [names])`` (and ``func`` is callable unless
+    ``require_callable=False``, as for a graph of stage specs), no name is both
+    an input and a node, every dependency is a node or an input, and there is
+    no cycle.  Nothing is run.  O(V + E).
+
+    >>> prepare({"a": (len, ["b"]), "b": (len, ["a"])})
+    Traceback (most recent call last):
+    ...
+    infergraph_lite.graph.CycleError: cycle: a -> b -> a
+    """
+    # One pass checks each entry and counts its node dependencies; Kahn's algorithm then finds the order
+    # and, by leaving nodes unreached, any cycle (the depth-first search runs only then, to name one).
+    if not isinstance(nodes, Mapping):
+        raise TypeError(f"nodes must be a mapping name -> (func, [deps]), got {type(nodes).__name__}")
+    input_names = _input_names(inputs)
+    dependents: dict[str, list[str]] = {name: [] for name in nodes}
+    in_degree: dict[str, int] = {}
+    graph: dict[str, tuple[Any, tuple[str, ...]]] = {}
+    first_missing = None
+    for name, entry in nodes.items():
+        # The common, well-formed entry is checked inline (this loop is every one-shot run's start-up cost);
+        # anything unusual goes to _explain_entry, which says what is wrong.
+        if not (type(entry) is tuple and len(entry) == 2 and type(name) is str and type(entry[1]) in (list, tuple)
+                and (not require_callable or callable(entry[0]))):
+            _explain_entry(name, entry, require_callable)
+        func, deps = entry
+        count = 0
+        for dep in deps:
+            if type(dep) is not str:
+                _explain_entry(name, entry, require_callable)
+            if dep in dependents:
+                dependents[dep].append(name)  # a dependency listed twice is counted, and released, twice
+                count += 1
+            elif first_missing is None and dep not in input_names:
+                first_missing = name  # reported once every entry is known to be well formed
+        graph[name] = (func, deps if type(deps) is tuple else tuple(deps))
+        in_degree[name] = count
+    if not input_names.isdisjoint(graph):
+        raise NameConflictError(next(name for name in graph if name in input_names))
+    if first_missing is not None:
+        deps = graph[first_missing][1]
+        missing = [d for d in dict.fromkeys(deps) if d not in graph and d not in input_names]
+        raise MissingDependencyError(first_missing, missing)
+    generations = _kahn_generations(dict(in_degree), dependents)
+    if sum(map(len, generations)) != len(graph):
+        cycle = find_cycle(graph)
+        assert cycle is not None, "Kahn's algorithm left nodes unreached, so a cycle must exist"
+        raise CycleError(cycle)
+    return Plan(graph, input_names, generations, dependents, in_degree)
 
 
 def validate_graph(
@@ -131,73 +284,12 @@ def validate_graph(
 ) -> dict[str, tuple[Any, tuple[str, ...]]]:
     """Check a graph completely and return it normalised to ``name -> (func, deps)``.
 
-    Checks, in this order, so the first message is the most basic problem:
-    every entry is ``(func, [names])`` (and ``func`` is callable unless
-    ``require_callable=False``), no name is both an input and a node, every
-    dependency exists, and there is no cycle.  Nothing is run.
+    The checks of :func:`prepare`; use :func:`prepare` to keep the order too.
 
     >>> validate_graph({"double": (lambda x: 2 * x, ["x"])}, inputs={"x": 1})["double"][1]
     ('x',)
-    >>> validate_graph({"a": (len, ["b"]), "b": (len, ["a"])})
-    Traceback (most recent call last):
-    ...
-    infergraph_lite.graph.CycleError: cycle: a -> b -> a
     """
-    return _prepare(nodes, inputs, require_callable).graph
-
-
-class _Prepared(NamedTuple):
-    graph: dict[str, tuple[Any, tuple[str, ...]]]  # name -> (func, deps), checked
-    generations: list[list[str]]  # Kahn's generations, in node order within each
-    dependents: dict[str, list[str]]  # name -> the nodes that use it, once per listing
-
-
-def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any], require_callable: bool) -> _Prepared:
-    # Validate once and return the normalised graph with its Kahn generations,
-    # so no caller walks the graph twice.  Kahn's algorithm finds cycles by
-    # itself (nodes never become ready); the depth-first search runs only then,
-    # to say which nodes form one.
-    if not isinstance(nodes, Mapping):
-        raise TypeError(f"nodes must be a mapping name -> (func, [deps]), got {type(nodes).__name__}")
-    input_names = _input_names(inputs)
-    dependents: dict[str, list[str]] = {name: [] for name in nodes}
-    waiting: dict[str, int] = {}
-    graph: dict[str, tuple[Any, tuple[str, ...]]] = {}
-    first_missing = None
-    # One pass checks each entry and counts its node dependencies.  A dependency
-    # listed twice is counted (and later released) twice, which keeps Kahn exact.
-    for name, entry in nodes.items():
-        # Fast path inline (this loop is every executor's start-up cost); anything
-        # unusual goes to _check_entry, which explains what is wrong.
-        if type(entry) is tuple and len(entry) == 2 and type(name) is str and type(entry[1]) in (list, tuple) and (
-            not require_callable or callable(entry[0])
-        ):
-            func, deps = entry
-        else:
-            func, deps = _check_entry(name, entry, require_callable)
-        count = 0
-        for dep in deps:
-            if type(dep) is not str:
-                _check_entry(name, entry, require_callable)  # raises: a dependency name that is no string
-            if dep in dependents:
-                dependents[dep].append(name)
-                count += 1
-            elif first_missing is None and dep not in input_names:
-                first_missing = name  # reported after every entry is known to be well formed
-        graph[name] = (func, deps if type(deps) is tuple else tuple(deps))
-        waiting[name] = count
-    if not input_names.isdisjoint(graph):
-        raise NameConflictError(next(name for name in graph if name in input_names))
-    if first_missing is not None:
-        deps = graph[first_missing][1]
-        missing = [d for d in dict.fromkeys(deps) if d not in graph and d not in input_names]
-        raise MissingDependencyError(first_missing, missing)
-    generations = _kahn_generations(waiting, dependents)
-    if sum(map(len, generations)) != len(graph):
-        cycle = find_cycle(graph)
-        assert cycle is not None, "Kahn's algorithm left nodes unrun, so a cycle must exist"
-        raise CycleError(cycle)
-    return _Prepared(graph, generations, dependents)
+    return prepare(nodes, inputs, require_callable=require_callable).nodes
 
 
 def dependencies(nodes: Graph, name: str) -> list[str]:
@@ -254,13 +346,12 @@ def topological_order(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = 
     """Kahn's algorithm: every node after all its dependencies, in O(V + E).
 
     Ties are broken by the order of ``nodes``, so the result is deterministic.
-    Raises the same errors as :func:`validate_graph`.
+    Raises the same errors as :func:`prepare`.
 
     >>> topological_order({"c": (len, ["a", "b"]), "b": (len, ["a"]), "a": (len, ["x"])}, ["x"])
     ['a', 'b', 'c']
     """
-    generations = _prepare(nodes, inputs, require_callable=False).generations
-    return [name for generation in generations for name in generation]
+    return prepare(nodes, inputs, require_callable=False).order
 
 
 def _kahn_generations(waiting: dict[str, int], dependents: Mapping[str, list[str]]) -> list[list[str]]:
@@ -286,7 +377,7 @@ def levels(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = ()) -> list
 
     Level 0 holds the nodes that need only inputs; a node's level is one more
     than the highest level among its node dependencies.  Names are sorted
-    within a level.  Raises the errors of :func:`validate_graph`.
+    within a level.  Raises the errors of :func:`prepare`.
 
     >>> nodes = {
     ...     "pre": (str.strip, ["text"]),
@@ -297,11 +388,11 @@ def levels(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any] = ()) -> list
     >>> levels(nodes, inputs=["text"])
     [['pre'], ['modelA', 'modelB'], ['combine']]
     """
-    return [sorted(generation) for generation in _prepare(nodes, inputs, require_callable=False).generations]
+    return prepare(nodes, inputs, require_callable=False).levels
 
 
 def critical_path(
-    nodes: Graph, durations: Mapping[str, float] | Callable[[str], float]
+    nodes: Graph | Plan, durations: Mapping[str, float] | Callable[[str], float]
 ) -> tuple[list[str], float]:
     """The longest path through the graph, weighting each node by its duration.
 
@@ -316,25 +407,31 @@ def critical_path(
     >>> critical_path(nodes, {"pre": 1.0, "a": 5.0, "b": 2.0, "combine": 1.0})
     (['pre', 'a', 'combine'], 7.0)
     """
-    inputs = {d for _, deps in nodes.values() for d in deps if d not in nodes}
-    graph, generations, _ = _prepare(nodes, inputs, require_callable=False)
+    if not isinstance(nodes, Plan):
+        inputs = {d for _, deps in nodes.values() for d in deps if d not in nodes}
+        nodes = prepare(nodes, inputs, require_callable=False)
+    return _critical_path(nodes, durations)
+
+
+def _critical_path(
+    plan: Plan, durations: Mapping[str, float] | Callable[[str], float]
+) -> tuple[list[str], float]:
     duration_of = durations if callable(durations) else None
     finish: dict[str, float] = {}
     best_predecessor: dict[str, str | None] = {}
-    for level in generations:
-        for name in level:
-            if duration_of is not None:
-                duration = duration_of(name)
-            elif name in durations:
-                duration = durations[name]
-            else:
-                raise ValueError(f"durations has no entry for node {name!r}")
-            if not duration >= 0:  # also rejects NaN
-                raise ValueError(f"duration of node {name!r} must be >= 0, got {duration!r}")
-            deps = sorted(dependencies(graph, name))
-            before = max(deps, key=lambda d: finish[d], default=None)
-            best_predecessor[name] = before
-            finish[name] = (finish[before] if before is not None else 0.0) + float(duration)
+    for name in plan.order:
+        if duration_of is not None:
+            duration = duration_of(name)
+        elif name in durations:
+            duration = durations[name]
+        else:
+            raise ValueError(f"durations has no entry for node {name!r}")
+        if not duration >= 0:  # also rejects NaN
+            raise ValueError(f"duration of node {name!r} must be >= 0, got {duration!r}")
+        deps = sorted(plan.dependencies(name))
+        before = max(deps, key=lambda d: finish[d], default=None)
+        best_predecessor[name] = before
+        finish[name] = (finish[before] if before is not None else 0.0) + float(duration)
     if not finish:
         return [], 0.0
     end = max(sorted(finish), key=finish.__getitem__)

@@ -1,9 +1,10 @@
-"""Tiny real models in numpy, and the text pipeline of notebook 01.
+"""Tiny real models in numpy: the text pipeline's embedder and classifiers, and a small MLP.
 
 Nothing here is a stand-in: the classifiers are trained by gradient descent on
 ``data/texts.tsv`` and the MLP does real matrix work whose cost grows with the
 batch, which is what the batching notebooks (05, 06) need.
 
+The graphs built from them are in :mod:`infergraph_lite.examples`.
 Introduced in notebook 01 (text pipeline) and notebook 05 (:class:`TinyMLP`).
 """
 
@@ -16,7 +17,6 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -26,11 +26,7 @@ __all__ = [
     "LabelledText",
     "SoftmaxRegression",
     "TinyMLP",
-    "banana_nodes",
-    "listing_graph",
-    "listing_image",
     "load_texts",
-    "text_pipeline",
     "tokenize",
     "train_text_models",
 ]
@@ -161,41 +157,6 @@ def train_text_models(
     return embedder, topic_model, sentiment_model
 
 
-def _top(model: SoftmaxRegression, vector: np.ndarray) -> dict[str, Any]:
-    probabilities = model.predict_proba(vector)[0]
-    best = int(probabilities.argmax())
-    return {"label": model.classes[best], "confidence": round(float(probabilities[best]), 3)}
-
-
-def text_pipeline(
-    embedder: HashingEmbedder, topic_model: SoftmaxRegression, sentiment_model: SoftmaxRegression
-) -> dict[str, tuple[Any, list[str]]]:
-    """The inference graph of notebook 01, in the seed's shape, reading the input ``text``.
-
-    tokenize -> embed -> (topic, sentiment in parallel) -> merge -> format.
-
-    >>> from infergraph_lite import run_graph
-    >>> nodes = text_pipeline(*train_text_models(load_texts()))
-    >>> run_graph(nodes, {"text": "The pizza was excellent for lunch."})["format"]
-    'food (0.9...), positive (0.8...)'
-    """
-    def merge(topic: dict[str, Any], sentiment: dict[str, Any]) -> dict[str, Any]:
-        return {"topic": topic, "sentiment": sentiment}
-
-    def format_answer(merged: dict[str, Any]) -> str:
-        t, s = merged["topic"], merged["sentiment"]
-        return f"{t['label']} ({t['confidence']:.2f}), {s['label']} ({s['confidence']:.2f})"
-
-    return {
-        "tokenize": (tokenize, ["text"]),
-        "embed": (embedder.embed, ["tokenize"]),
-        "topic": (lambda v: _top(topic_model, v), ["embed"]),
-        "sentiment": (lambda v: _top(sentiment_model, v), ["embed"]),
-        "merge": (merge, ["topic", "sentiment"]),
-        "format": (format_answer, ["merge"]),
-    }
-
-
 class TinyMLP:
     """A two-layer perceptron with fixed random weights: real matrix work per batch.
 
@@ -216,95 +177,3 @@ class TinyMLP:
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         hidden = np.maximum(np.asarray(batch) @ self.w1, 0.0)
         return hidden @ self.w2
-
-
-def banana_nodes() -> dict[str, tuple[Any, list[str]]]:
-    """The seed's example graph, reading input ``text`` (notebook 01).
-
-    >>> from infergraph_lite import run_graph
-    >>> run_graph(banana_nodes(), {"text": "  BANANA  "})["combine"]
-    {'len': 6, 'a_count': 3}
-    """
-    return {
-        "pre": (lambda s: s.strip().lower(), ["text"]),
-        "modelA": (len, ["pre"]),
-        "modelB": (lambda s: s.count("a"), ["pre"]),
-        "combine": (lambda n, a: {"len": n, "a_count": a}, ["modelA", "modelB"]),
-    }
-
-
-LISTING_CATEGORIES = ["books", "clothing", "electronics", "garden", "toys"]
-
-
-def listing_image(seed: int = 0, size: int = 96) -> np.ndarray:
-    """A made-up RGB photo (``uint8``, ``size x size x 3``), the ``image_bytes`` input of :func:`listing_graph`."""
-    return np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
-
-
-def listing_graph(seed: int = 0, lookup_seconds: float = 0.02, width: int = 1024) -> dict[str, tuple[Any, list[str]]]:
-    """A product-listing request: a photo and a title, scored by several models (notebooks 02, 03).
-
-    Inputs ``image_bytes`` (see :func:`listing_image`) and ``title``.  The
-    models are real numpy work with seeded random weights (their answers are
-    meaningless but their cost is real); ``seller_stats`` stands in for a
-    feature-store lookup over the network, so it sleeps ``lookup_seconds`` —
-    waiting that, like numpy's matrix products, releases the GIL.
-
-    >>> from infergraph_lite import run_graph
-    >>> out = run_graph(listing_graph(lookup_seconds=0), {"image_bytes": listing_image(), "title": "red kite"})
-    >>> sorted(out["fuse"])
-    ['category', 'price', 'safe']
-    """
-    import time
-
-    rng = np.random.default_rng(seed)
-    pixels = 48 * 48 * 3
-    w_image = rng.standard_normal((pixels, width)) / np.sqrt(pixels)
-    w_safety = rng.standard_normal((pixels, width)) / np.sqrt(pixels)
-    w_safety_out = rng.standard_normal(width) / np.sqrt(width)
-    embedder = HashingEmbedder(256)
-    w_category = rng.standard_normal((width + 256, len(LISTING_CATEGORIES))) / np.sqrt(width)
-    w_price = rng.standard_normal(width + 256 + 2) / np.sqrt(width)
-
-    def decode_image(raw: np.ndarray) -> np.ndarray:
-        return raw.astype(np.float64) / 255.0 - 0.5
-
-    def resize(image: np.ndarray) -> np.ndarray:
-        h, w, _ = image.shape
-        return image[: h - h % 2, : w - w % 2].reshape(h // 2, 2, w // 2, 2, 3).mean(axis=(1, 3))
-
-    def seller_stats(title: str) -> dict[str, float]:
-        time.sleep(lookup_seconds)  # the network round trip to a feature store
-        return {"rating": 4.0 + (zlib.crc32(title.encode()) % 10) / 10, "sales": float(len(title) * 7)}
-
-    def image_embedding(small: np.ndarray) -> np.ndarray:
-        batch = np.repeat(small.reshape(1, -1), 64, axis=0)  # 64 augmented crops, as test-time augmentation
-        return np.tanh(batch @ w_image).mean(axis=0)
-
-    def safety_model(small: np.ndarray) -> bool:
-        batch = np.repeat(small.reshape(1, -1), 64, axis=0)
-        return bool(float(np.tanh(batch @ w_safety).mean(axis=0) @ w_safety_out) < 1.0)
-
-    def category_model(image_vec: np.ndarray, text_vec: np.ndarray) -> str:
-        scores = np.concatenate([image_vec, text_vec]) @ w_category
-        return LISTING_CATEGORIES[int(scores.argmax())]
-
-    def price_model(image_vec: np.ndarray, text_vec: np.ndarray, stats: dict[str, float]) -> float:
-        features = np.concatenate([image_vec, text_vec, [stats["rating"], np.log1p(stats["sales"])]])
-        return round(float(np.exp(1.0 + 0.1 * features @ w_price)), 2)
-
-    def fuse(category: str, price: float, safe: bool) -> dict[str, Any]:
-        return {"category": category, "price": price, "safe": safe}
-
-    return {
-        "decode_image": (decode_image, ["image_bytes"]),
-        "tokenize_title": (tokenize, ["title"]),
-        "seller_stats": (seller_stats, ["title"]),
-        "resize": (resize, ["decode_image"]),
-        "text_embedding": (embedder.embed, ["tokenize_title"]),
-        "image_embedding": (image_embedding, ["resize"]),
-        "safety_model": (safety_model, ["resize"]),
-        "category_model": (category_model, ["image_embedding", "text_embedding"]),
-        "price_model": (price_model, ["image_embedding", "text_embedding", "seller_stats"]),
-        "fuse": (fuse, ["category_model", "price_model", "safety_model"]),
-    }

@@ -1,11 +1,11 @@
 """Discrete-event simulation of one batching server (or several sharing a queue).
 
-The policy is Triton's dynamic batcher, the same one :class:`DynamicBatcher`
-runs for real: whenever a server is free and at least one request waits, a
+The policy is :class:`~infergraph_lite.policy.BatchPolicy` (Triton's dynamic
+batcher), the same object :class:`~infergraph_lite.batching.DynamicBatcher`
+calls for real: whenever a server is free and at least one request waits, a
 batch starts if the queue holds ``max_batch_size`` requests or the oldest
 waiting request has waited ``max_wait``; it takes the oldest
-``min(queue, max_batch_size)``.  ``max_wait=0`` is greedy batching,
-``max_batch_size=1`` a plain FIFO queue, ``max_batch_size=None`` no cap.
+``min(queue, max_batch_size)``.
 
 Because arrival times are known up front, the simulation jumps from batch to
 batch: the next batch's start is a closed-form ``max`` of three times, and its
@@ -18,7 +18,6 @@ Introduced in notebook 04 (one server, FIFO) and notebook 05 (batching).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Sequence
@@ -26,114 +25,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AIMD", "BatchingResult", "ServiceTime", "UnstableLoadError", "capacity", "service_time_fn",
-           "simulate_batching"]
+from .policy import AIMD, BatchPolicy, check_count, check_number
+from .stage import Exponential, ServiceTime, capacity, service_time_fn
 
-ServiceTime = float | tuple[float, float] | Callable[[int], float]
+__all__ = ["BatchingResult", "UnstableLoadError", "check_arrivals", "serve_queue", "simulate_batching"]
 
 
 class UnstableLoadError(ValueError):
     """Requests arrive faster than the servers can possibly serve them: the queue grows without bound."""
 
 
-def service_time_fn(service_time: ServiceTime) -> Callable[[int], float]:
-    """Turn a service-time spec into a function ``b -> seconds``, checking it.
-
-    A number is a constant; ``(alpha, beta)`` means ``alpha + beta * b``.
-
-    >>> service_time_fn((2.0, 0.5))(4)
-    4.0
-    >>> service_time_fn(-1.0)
-    Traceback (most recent call last):
-    ...
-    ValueError: service_time must be > 0, got -1.0
-    """
-    if callable(service_time):
-        def checked(b: int) -> float:
-            t = service_time(b)
-            if not (isinstance(t, (int, float, np.floating, np.integer)) and t > 0 and math.isfinite(t)):
-                raise ValueError(f"service_time({b}) returned {t!r}; a batch must take a positive, finite time")
-            return float(t)
-        return checked
-    if isinstance(service_time, tuple):
-        if len(service_time) != 2:
-            raise ValueError(f"service_time as a tuple must be (alpha, beta), got {service_time!r}")
-        alpha, beta = map(float, service_time)
-        if alpha < 0 or beta < 0 or alpha + beta <= 0 or not math.isfinite(alpha + beta):
-            raise ValueError(f"service_time (alpha, beta) must be >= 0 with alpha + beta > 0, got {service_time!r}")
-        return lambda b: alpha + beta * b
-    t = float(service_time)
-    if not (t > 0 and math.isfinite(t)):
-        raise ValueError(f"service_time must be > 0, got {service_time!r}")
-    return lambda b: t
-
-
-def capacity(service_time: ServiceTime, max_batch_size: int | None = 1, replicas: int = 1) -> float:
-    """The most requests per unit time the servers can finish: ``replicas * max_b b / s(b)``.
-
-    With no cap the best batch is unbounded; for ``(alpha, beta)`` that limit
-    is ``1 / beta``.  For a callable with no cap, batches up to 4096 are tried.
-
-    >>> capacity((1.0, 0.25), max_batch_size=4)   # 4 requests every 2 time units
-    2.0
-    >>> capacity((1.0, 0.25), max_batch_size=None)
-    4.0
-    """
-    if isinstance(service_time, tuple) and max_batch_size is None:
-        beta = service_time[1]  # alpha + beta*b per batch: b / s(b) rises towards 1 / beta
-        return replicas * (math.inf if beta == 0 else 1.0 / beta)
-    if not callable(service_time) and not isinstance(service_time, tuple) and max_batch_size is None:
-        return math.inf  # a constant time for any batch: no limit at all
-    s = service_time_fn(service_time)
-    sizes = range(1, (max_batch_size or 4096) + 1)
-    return replicas * max(b / s(b) for b in sizes)
-
-
-@dataclass
-class AIMD:
-    """Clipper's adaptive batch cap: additive increase, multiplicative decrease.
-
-    After each batch, if its service time stayed within ``latency_target`` the
-    cap grows by ``increase``; otherwise it shrinks to ``(1 - decrease)`` of
-    itself.  It needs no model of s(b): it probes for the largest batch that
-    meets the target, and keeps probing, so it follows a model whose speed
-    changes.  (Crankshaw et al., "Clipper", NSDI 2017, section 4.3.)
-
-    >>> controller = AIMD(latency_target=5.0, decrease=0.5)
-    >>> controller.observe(4.0); controller.cap
-    2
-    >>> controller.observe(6.0); controller.cap
-    1
-    """
-
-    latency_target: float
-    increase: int = 1
-    decrease: float = 0.1
-    cap: int = 1
-    max_size: int = 4096
-
-    def __post_init__(self) -> None:
-        _check("AIMD latency_target", self.latency_target)
-        if not isinstance(self.increase, int) or self.increase < 1:
-            raise ValueError(f"AIMD increase must be an integer >= 1, got {self.increase!r}")
-        if not 0 < self.decrease < 1:
-            raise ValueError(f"AIMD decrease must be a fraction in (0, 1), got {self.decrease!r}")
-        if not isinstance(self.cap, int) or not 1 <= self.cap <= self.max_size:
-            raise ValueError(f"AIMD cap must be an integer in [1, max_size={self.max_size}], got {self.cap!r}")
-
-    def observe(self, service_time: float) -> None:
-        """Adjust the cap after a batch that took ``service_time``."""
-        if service_time <= self.latency_target:
-            self.cap = min(self.cap + self.increase, self.max_size)
-        else:
-            self.cap = max(1, math.floor(self.cap * (1 - self.decrease)))
-
-
 @dataclass(frozen=True)
 class BatchingResult:
     """Per-request times of a simulated run (warm-up already removed) and their summaries.
 
-    Arrays are aligned, one entry per measured request, in arrival order.
+    The per-request arrays are aligned, one entry per measured request, in
+    arrival order.  The ``batches_*`` arrays describe every batch of the whole
+    run, warm-up included, in the order batches started: the index of its
+    first (oldest) request in the full arrival sequence, its size, start and
+    end, and the cap the policy had when it formed (an AIMD's moves).
     """
 
     arrival: np.ndarray
@@ -143,6 +53,11 @@ class BatchingResult:
     throughput: float          # requests finished per unit time over the measured window
     utilization: float         # fraction of server time spent serving, over the measured window
     offered_load: float        # arrival rate / capacity (>= 1 means unstable)
+    batches_first: np.ndarray  # per batch: index of its oldest request among all arrivals
+    batches_size: np.ndarray   # per batch: how many requests it took
+    batches_start: np.ndarray  # per batch: when it started
+    batches_end: np.ndarray    # per batch: when it finished
+    batches_cap: np.ndarray    # per batch: the cap when it formed (-1: no cap)
 
     @property
     def latencies(self) -> np.ndarray:
@@ -171,14 +86,6 @@ class BatchingResult:
         return float(np.percentile(self.latencies, q))
 
 
-def _check(name: str, value: float, positive: bool = True) -> float:
-    if not isinstance(value, (int, float, np.integer, np.floating)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if (positive and value <= 0) or value < 0:
-        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
-
-
 def simulate_batching(
     arrival_rate: float | None,
     service_time: ServiceTime,
@@ -194,15 +101,17 @@ def simulate_batching(
     """Simulate a dynamic-batching server under Poisson (or given) arrivals.
 
     ``arrival_rate`` is in requests per time unit; ``service_time`` is a
-    number, ``(alpha, beta)`` for ``alpha + beta * b``, or a callable
-    ``b -> time``, all in the same unit.  ``max_batch_size`` is a fixed cap,
-    None for no cap, or an :class:`AIMD` controller (a copy is used, so the
-    caller's stays as it was; it observes each batch when it is formed, which
-    equals "when it finishes" for one replica).  Pass ``arrivals`` (sorted times) to
+    number, ``(alpha, beta)`` for ``alpha + beta * b``, a callable
+    ``b -> time`` or :class:`~infergraph_lite.stage.Exponential`, all in the
+    same unit.  ``max_batch_size`` and ``max_wait`` make the
+    :class:`~infergraph_lite.policy.BatchPolicy`: a fixed cap, None for no
+    cap, or an :class:`~infergraph_lite.policy.AIMD` controller (the policy
+    keeps its own copy, so the caller's stays as it was; it observes each
+    batch when it is formed, which equals "when it finishes" for one replica).  Pass ``arrivals`` (sorted times) to
     replay a trace instead; then ``arrival_rate`` may be None.  The first
     ``warmup`` fraction of requests is dropped from the result.
 
-    An arrival rate at or above :func:`capacity` raises
+    An arrival rate at or above :func:`~infergraph_lite.stage.capacity` raises
     :class:`UnstableLoadError` (the averages would depend only on how long
     you simulate); ``allow_unstable=True`` runs it anyway, to measure the
     saturated throughput.
@@ -214,31 +123,21 @@ def simulate_batching(
     >>> round(r.mean_latency, 1), round(r.throughput, 2), round(r.utilization, 2)
     (1.5, 0.5, 0.5)
     """
-    controller = dataclasses.replace(max_batch_size) if isinstance(max_batch_size, AIMD) else None
-    if controller is not None:
-        max_batch_size = controller.max_size  # the most it can ever take, for the capacity check
-    elif max_batch_size is not None and (not isinstance(max_batch_size, (int, np.integer)) or max_batch_size < 1):
-        raise ValueError(f"max_batch_size must be an integer >= 1, None or an AIMD, got {max_batch_size!r}")
-    if not isinstance(replicas, (int, np.integer)) or replicas < 1:
-        raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
-    max_wait = _check("max_wait", max_wait, positive=False)
-    if not (0 <= warmup < 1):
+    policy = BatchPolicy(max_batch_size, max_wait)  # validates both; its own copy of an AIMD
+    replicas = check_count("replicas", replicas) or 1
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not (0 <= warmup < 1):
         raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
-    s = service_time_fn(service_time)
+    s = service_time_fn(service_time, np.random.default_rng([seed, 1]))
 
     if arrivals is None:
-        rate = _check("arrival_rate", arrival_rate)
-        if not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
+        rate = check_number("arrival_rate", arrival_rate)
+        if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
             raise ValueError(f"n_requests must be an integer >= 2, got {n_requests!r}")
         times = np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum()
     else:
-        times = np.asarray(arrivals, dtype=float)
-        if times.ndim != 1 or len(times) < 2:
-            raise ValueError("arrivals must be a 1-d sequence of at least 2 times")
-        if np.any(np.diff(times) < 0) or times[0] < 0 or not np.all(np.isfinite(times)):
-            raise ValueError("arrivals must be finite, non-negative and sorted")
+        times = check_arrivals(arrivals)
         rate = (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
-    cap = capacity(service_time, max_batch_size, replicas)
+    cap = capacity(service_time, policy.largest_cap, replicas)
     offered = rate / cap
     if offered >= 1 and not allow_unstable:
         raise UnstableLoadError(
@@ -246,14 +145,10 @@ def simulate_batching(
             f"(replicas * best b/s(b)): offered load {offered:.3f}, the queue grows without bound. "
             "Lower the rate, raise max_batch_size or replicas, or pass allow_unstable=True to measure saturation."
         )
+    deterministic = not callable(service_time) and not isinstance(service_time, Exponential)
+    firsts, starts, ends, caps = serve_queue(times, s, policy, replicas, deterministic)
 
     n = len(times)
-    cap_b = n if max_batch_size is None else int(max_batch_size)
-    if controller is None and cap_b == 1 and replicas == 1 and not callable(service_time):
-        firsts, starts, ends = _fifo_vectorised(times, s(1))
-    else:
-        firsts, starts, ends = _batch_by_batch(times, s, cap_b, max_wait, replicas, controller,
-                                               deterministic=not callable(service_time))
     sizes = np.diff(np.append(firsts, n))
     start_per = np.repeat(starts, sizes)
     end_per = np.repeat(ends, sizes)
@@ -272,7 +167,53 @@ def simulate_batching(
         throughput=float((n - skip) / span) if span > 0 else math.inf,
         utilization=float(busy / (replicas * span)) if span > 0 else 1.0,
         offered_load=float(offered),
+        batches_first=firsts,
+        batches_size=sizes,
+        batches_start=starts,
+        batches_end=ends,
+        batches_cap=caps,
     )
+
+
+def check_arrivals(arrivals: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Return ``arrivals`` as a float array if it is 1-d, finite, >= 0 and sorted, with at least 2 times.
+
+    >>> check_arrivals([0.0, 1.0, 0.5])
+    Traceback (most recent call last):
+    ...
+    ValueError: arrivals must be finite, non-negative and sorted
+    """
+    times = np.asarray(arrivals, dtype=float)
+    if times.ndim != 1 or len(times) < 2:
+        raise ValueError("arrivals must be a 1-d sequence of at least 2 times")
+    if not np.all(np.isfinite(times)) or times[0] < 0 or np.any(np.diff(times) < 0):
+        raise ValueError("arrivals must be finite, non-negative and sorted")
+    return times
+
+
+def serve_queue(
+    times: np.ndarray,
+    s: Callable[[int], float],
+    policy: BatchPolicy,
+    replicas: int = 1,
+    deterministic: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Serve sorted arrival ``times`` from one queue with ``replicas`` servers under ``policy``.
+
+    Returns four arrays, one entry per batch in the order batches start: the
+    index of its first request, its start, its end, and the policy's cap when
+    it formed (-1 for none).  ``s(b)`` is a batch's service time;
+    ``deterministic`` says it always returns the same time for the same ``b``
+    (then each size is computed once).  This is the simulator's core.
+
+    >>> firsts, starts, ends, caps = serve_queue(np.array([0.0, 0.1, 0.2, 5.0]), lambda b: 1.0, BatchPolicy(None))
+    >>> firsts.tolist(), starts.tolist(), ends.tolist()
+    ([0, 1, 3], [0.0, 1.0, 5.0], [1.0, 2.0, 6.0])
+    """
+    if policy.controller is None and policy.cap == 1 and replicas == 1 and deterministic:
+        firsts, starts, ends = _fifo_vectorised(times, s(1))
+        return firsts, starts, ends, np.ones(len(firsts), dtype=int)
+    return _batch_by_batch(times, s, policy, replicas, deterministic)
 
 
 def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -287,14 +228,12 @@ def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.
 def _batch_by_batch(
     times: np.ndarray,
     s: Callable[[int], float],
-    cap_b: int,
-    max_wait: float,
+    policy: BatchPolicy,
     replicas: int,
-    controller: AIMD | None,
     deterministic: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    # The general case: one loop iteration per batch.  Returns each batch's
-    # first request index, start time and end time.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    # The general case: one loop iteration per batch.  Arrival times are known up front, so the next
+    # batch's start comes from the policy in closed form and its size from one binary search.
     n = len(times)
     arrival_list = times.tolist()  # bisect on a list is several times faster than np.searchsorted per call
     service_of: dict[int, float] = {}
@@ -302,27 +241,25 @@ def _batch_by_batch(
     batch_first: list[int] = []
     batch_start: list[float] = []
     batch_end: list[float] = []
+    batch_cap: list[int] = []
     i = 0
     while i < n:
-        if controller is not None:
-            cap_b = controller.cap
+        cap = policy.cap
         free = heapq.heappop(free_at)
-        oldest = arrival_list[i]
-        full_at = arrival_list[i + cap_b - 1] if i + cap_b - 1 < n else math.inf
-        # Start at the first moment the server is free and (the batch is full or the oldest has waited enough).
-        start = max(free, oldest, min(full_at, oldest + max_wait))
-        size = min(bisect.bisect_right(arrival_list, start, i) - i, cap_b)
+        full_at = arrival_list[i + cap - 1] if cap is not None and i + cap - 1 < n else math.inf
+        start = policy.start_time(free, arrival_list[i], full_at)
+        size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
         if deterministic:
             duration = service_of.get(size)
             if duration is None:
                 duration = service_of[size] = s(size)
         else:
             duration = s(size)
-        if controller is not None:
-            controller.observe(duration)
+        policy.observe(duration, size)  # at formation: for one replica the same as when it finishes
         batch_first.append(i)
         batch_start.append(start)
         batch_end.append(start + duration)
+        batch_cap.append(-1 if cap is None else cap)
         heapq.heappush(free_at, start + duration)
         i += size
-    return np.array(batch_first), np.array(batch_start), np.array(batch_end)
+    return np.array(batch_first), np.array(batch_start), np.array(batch_end), np.array(batch_cap)

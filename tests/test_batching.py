@@ -9,7 +9,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from infergraph_lite.batching import BatchError, DynamicBatcher, QueueFullError, profile_service_time
+from infergraph_lite.batching import BatchError, DynamicBatcher, QueueFullError
+from infergraph_lite.loadtest import profile_service_time
 
 
 def doubler(xs):
@@ -102,7 +103,7 @@ def test_close_drains_everything_queued_and_then_refuses():
     assert [f.result(timeout=0) for f in futures] == [0, 2, 4, 6, 8]
     with pytest.raises(RuntimeError, match=r"submit\(\) after close\(\)"):
         batcher.submit(1)
-    assert not batcher._worker.is_alive()
+    assert not any(t.name.startswith(batcher.name) and t.is_alive() for t in threading.enumerate())
 
 
 def test_full_queue_refuses_new_requests_but_loses_none():
@@ -140,8 +141,10 @@ def test_cancelled_requests_are_skipped_not_run():
     ("kwargs", "message"),
     [
         ({"batch_fn": 3}, "batch_fn must be callable"),
-        ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1 or None, got 0"),
-        ({"max_wait": -1}, "max_wait must be a finite number of seconds >= 0, got -1"),
+        ({"max_batch_size": 0}, "max_batch_size must be an integer >= 1, None or an AIMD, got 0"),
+        ({"max_wait": -1}, "max_wait must be >= 0, got -1"),
+        ({"max_wait": float("inf")}, "max_wait must be a finite number, got inf"),
+        ({"replicas": 0}, "replicas must be an integer >= 1, got 0"),
         ({"max_queue_size": 0}, "max_queue_size must be an integer >= 1 or None, got 0"),
     ],
 )

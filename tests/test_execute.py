@@ -14,9 +14,9 @@ from infergraph_lite import (
     NodeError,
     TraceEvent,
     run_graph,
-    run_graph_original,
     run_graph_parallel,
 )
+from infergraph_lite.original import run_graph_original
 from tests.graphs import BANANA_INPUTS, banana_nodes
 
 EXECUTORS = [run_graph, run_graph_parallel]
@@ -128,12 +128,15 @@ def test_parallel_failure_schedules_nothing_more_waits_for_running_and_leaves_no
     assert threading.active_count() == before
 
 
-def test_parallel_reports_even_a_base_exception_instead_of_hanging():
+@pytest.mark.parametrize("run", EXECUTORS)
+def test_both_executors_pass_keyboard_interrupt_through_unwrapped_without_hanging(run):
     def interrupted():
         raise KeyboardInterrupt
 
-    with pytest.raises(NodeError, match="node 'stop' failed: KeyboardInterrupt"):
-        run_graph_parallel({"stop": (interrupted, [])}, {}, max_workers=1)
+    before = threading.active_count()
+    with pytest.raises(KeyboardInterrupt):
+        run({"stop": (interrupted, [])}, {})
+    assert threading.active_count() == before  # the parallel executor joined its pool first
 
 
 def test_parallel_with_one_worker_still_completes_a_wide_graph():

@@ -7,14 +7,12 @@ import numpy as np
 import pytest
 
 from infergraph_lite import TraceEvent, run_graph
+from infergraph_lite.examples import listing_graph, listing_image, text_pipeline
 from infergraph_lite.models import (
     HashingEmbedder,
     SoftmaxRegression,
     TinyMLP,
-    listing_graph,
-    listing_image,
     load_texts,
-    text_pipeline,
     tokenize,
     train_text_models,
 )

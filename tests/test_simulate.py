@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infergraph_lite.simulate import AIMD, UnstableLoadError, capacity, simulate_batching
+from infergraph_lite.policy import AIMD
+from infergraph_lite.simulate import UnstableLoadError, simulate_batching
+from infergraph_lite.stage import capacity
 from infergraph_lite.theory import (
     batch_means_interval,
     greedy_batching_mean_latency,
@@ -170,8 +172,7 @@ def test_aimd_settles_on_the_largest_batch_within_its_target_and_keeps_probing()
     # s(b) = 2 + 0.15 b meets a 5.0 target up to b = 20.
     controller = AIMD(latency_target=5.0, decrease=0.1)
     r = simulate_batching(20.0, (2.0, 0.15), controller, n_requests=50_000, allow_unstable=True)
-    firsts = np.unique(r.start, return_index=True)[1]
-    sizes = r.batch_size[firsts]
+    sizes = r.batches_size
     assert sizes.max() == 21  # one probe past the target, then back off
     assert 18 <= np.median(sizes) <= 20
     assert controller.cap == 1, "the caller's controller must not be changed"

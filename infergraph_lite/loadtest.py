@@ -1,0 +1,248 @@
+"""Load generators and service-time profiling: how a server is measured (notebooks 05-07).
+
+Every generator drives a ``submit(item) -> Future`` callable, so the same code
+measures a :class:`~infergraph_lite.batching.DynamicBatcher`, a
+:class:`~infergraph_lite.batching.GraphServer`, a Triton client or a Ray Serve
+handle, and reports the same :class:`LoadReport`.
+
+- *Open loop* (:func:`run_open_loop`): requests arrive on a schedule whatever
+  the server does, as from many independent users; a slow server builds a
+  queue, which is what latency-versus-load curves must show.
+- *Closed loop* (:func:`run_closed_loop`): ``n_clients`` each send a request,
+  wait for its answer, and send the next, as perf_analyzer's concurrency mode
+  does; a slow server slows the load down, so it measures throughput at a
+  given concurrency, not latency at a given arrival rate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["LoadReport", "ServiceProfile", "StageTimes", "profile_service_time", "run_closed_loop", "run_open_loop"]
+
+Submit = Callable[[Any], Future]
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Where one stage's time went, per request, in seconds (perf_analyzer's queue / compute split)."""
+
+    queue: float
+    compute: float
+    batch_size: float
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What a load test measured: per-request latencies (seconds) and their summaries.
+
+    ``latencies`` are submit -> answer, in submit order; failed requests are
+    counted in ``failed`` and left out of the latencies.
+    """
+
+    latencies: np.ndarray
+    elapsed: float                 # first submit -> last answer, seconds
+    failed: int = 0
+    mode: str = "open loop"
+    stages: Mapping[str, StageTimes] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        """Answered requests per second over the run."""
+        return len(self.latencies) / self.elapsed if self.elapsed > 0 else math.inf
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.latencies))
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile latency in seconds (``percentile(99)`` is p99)."""
+        return float(np.percentile(self.latencies, q))
+
+    def summary(self) -> dict[str, float]:
+        """Throughput (req/s) and mean, p50, p90, p95, p99 latency (ms), as perf_analyzer prints them."""
+        ms = {f"p{q}_ms": 1e3 * self.percentile(q) for q in (50, 90, 95, 99)}
+        return {"throughput_rps": self.throughput, "mean_ms": 1e3 * self.mean, **ms, "failed": float(self.failed)}
+
+    def __str__(self) -> str:
+        s = self.summary()
+        lines = [f"{self.mode}: {len(self.latencies)} requests in {self.elapsed:.2f} s, "
+                 f"throughput {s['throughput_rps']:.1f} req/s, failed {self.failed}",
+                 "  latency ms: " + ", ".join(f"{k[:-3]} {s[k]:.2f}" for k in ("mean_ms", "p50_ms", "p90_ms",
+                                                                                  "p95_ms", "p99_ms"))]
+        for name, t in self.stages.items():
+            lines.append(f"  {name}: queue {1e3 * t.queue:.2f} ms, compute {1e3 * t.compute:.2f} ms, "
+                         f"mean batch {t.batch_size:.1f}")
+        return "\n".join(lines)
+
+
+def _submit_of(target: Submit | Any) -> Submit:
+    # A server object with .submit, or the submit callable itself.
+    submit = getattr(target, "submit", target)
+    if not callable(submit):
+        raise TypeError(f"expected a submit(item) -> Future callable or an object with .submit, got {target!r}")
+    return submit
+
+
+def run_open_loop(
+    target: Submit | Any,
+    arrivals: Sequence[float] | np.ndarray,
+    make_item: Callable[[int], Any],
+    *,
+    timeout: float = 120.0,
+) -> LoadReport:
+    """Submit request ``i`` at ``arrivals[i]`` seconds from now, whatever the server is doing.
+
+    *Open loop*: arrivals do not wait for answers, as with many independent
+    users, so a slow server builds a queue instead of slowing the load down.
+    ``target`` is a ``submit(item) -> Future`` callable or an object with
+    ``.submit``.  Waits at most ``timeout`` seconds for the last answers.
+
+    >>> from infergraph_lite import DynamicBatcher
+    >>> with DynamicBatcher(lambda xs: xs, max_batch_size=4, max_wait=0.001) as b:
+    ...     report = run_open_loop(b, [0.0, 0.001, 0.002], make_item=lambda i: i)
+    >>> report.latencies.shape, bool((report.latencies > 0).all()), report.failed
+    ((3,), True, 0)
+    """
+    submit = _submit_of(target)
+    arrivals = np.asarray(arrivals, dtype=float)
+    if arrivals.ndim != 1 or np.any(np.diff(arrivals) < 0) or (len(arrivals) and arrivals[0] < 0):
+        raise ValueError("arrivals must be a 1-d, sorted sequence of offsets >= 0 (seconds)")
+    n = len(arrivals)
+    done_at = [math.nan] * n
+    submitted_at = [math.nan] * n
+    futures: list[Future] = []
+    start = time.perf_counter()
+    for i, offset in enumerate(arrivals.tolist()):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        submitted_at[i] = time.perf_counter()
+        future = submit(make_item(i))
+        future.add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.perf_counter()))
+        futures.append(future)
+    failed = 0
+    deadline = time.perf_counter() + timeout
+    for future in futures:
+        try:
+            future.result(timeout=max(deadline - time.perf_counter(), 0.0))
+        except Exception:  # noqa: BLE001 - a failed request is counted, not raised: the report says how many
+            failed += 1
+    ok = [i for i, f in enumerate(futures) if f.done() and not f.cancelled() and f.exception() is None]
+    latencies = np.asarray([done_at[i] - submitted_at[i] for i in ok])
+    elapsed = (max(done_at[i] for i in ok) - start) if ok else 0.0
+    return LoadReport(latencies, elapsed, failed, "open loop")
+
+
+def run_closed_loop(
+    target: Submit | Any,
+    n_clients: int,
+    n_requests: int,
+    make_item: Callable[[int], Any],
+    *,
+    max_seconds: float = 60.0,
+) -> LoadReport:
+    """``n_clients`` threads each send a request, wait for its answer, then send the next.
+
+    perf_analyzer's concurrency mode: there are always about ``n_clients``
+    requests in the system.  Stops after ``n_requests`` requests in total or
+    ``max_seconds``, whichever comes first (the loop is bounded either way).
+
+    >>> from infergraph_lite import DynamicBatcher
+    >>> with DynamicBatcher(lambda xs: xs, max_batch_size=4, max_wait=0.0) as b:
+    ...     report = run_closed_loop(b, n_clients=3, n_requests=30, make_item=lambda i: i)
+    >>> len(report.latencies), report.mode
+    (30, 'closed loop, 3 clients')
+    """
+    submit = _submit_of(target)
+    if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
+        raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
+    if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 1:
+        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
+    lock = threading.Lock()
+    next_index = 0
+    latencies: list[float] = []
+    failed = 0
+    start = time.perf_counter()
+    stop_at = start + max_seconds
+
+    def client() -> None:
+        nonlocal next_index, failed
+        while True:
+            with lock:
+                if next_index >= n_requests or time.perf_counter() >= stop_at:
+                    return
+                i = next_index
+                next_index += 1
+            sent = time.perf_counter()
+            try:
+                submit(make_item(i)).result(timeout=max(stop_at - sent, 0.001) + 5.0)
+                took = time.perf_counter() - sent
+                with lock:
+                    latencies.append(took)
+            except Exception:  # noqa: BLE001 - counted in the report
+                with lock:
+                    failed += 1
+
+    threads = [threading.Thread(target=client, name=f"load-client-{c}", daemon=True) for c in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    return LoadReport(np.asarray(latencies), elapsed, failed, f"closed loop, {n_clients} clients")
+
+
+@dataclass(frozen=True)
+class ServiceProfile:
+    """Measured batch service times and their straight-line fit ``alpha + beta * b`` (seconds)."""
+
+    sizes: np.ndarray
+    seconds: np.ndarray
+    alpha: float
+    beta: float
+
+    def predict(self, b: float | np.ndarray) -> float | np.ndarray:
+        return self.alpha + self.beta * b
+
+    @property
+    def monotonic(self) -> bool:
+        """Whether the measured times never fall as the batch grows (a noisy profile often breaks this)."""
+        return bool(np.all(np.diff(self.seconds) >= 0))
+
+
+def profile_service_time(
+    model: Callable[[Any], Any], make_batch: Callable[[int], Any], sizes: Sequence[int], repeats: int = 15
+) -> ServiceProfile:
+    """Time ``model(make_batch(b))`` for each ``b`` (median of ``repeats``) and fit ``alpha + beta * b``.
+
+    >>> p = profile_service_time(lambda x: x.sum(), lambda b: np.ones((b, 10)), [1, 2, 4], repeats=3)
+    >>> p.sizes.tolist(), p.seconds.shape
+    ([1, 2, 4], (3,))
+    """
+    if len(sizes) < 2 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
+        raise ValueError(f"sizes must hold at least two batch sizes >= 1, got {list(sizes)!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    medians = []
+    for b in sizes:
+        batch = make_batch(b)
+        model(batch)  # warm caches and lazy allocations first
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            model(batch)
+            times.append(time.perf_counter() - started)
+        medians.append(statistics.median(times))
+    sizes_arr, seconds = np.asarray(sizes, dtype=float), np.asarray(medians)
+    beta, alpha = np.polyfit(sizes_arr, seconds, 1)
+    return ServiceProfile(np.asarray(sizes), seconds, float(max(alpha, 0.0)), float(max(beta, 0.0)))

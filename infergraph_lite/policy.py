@@ -1,0 +1,208 @@
+"""The dynamic-batching policy: the one place that decides when a batch starts and how big it is.
+
+It is Triton's dynamic batcher.  Whenever a server (model instance) is free
+and at least one request waits, a batch starts as soon as the queue holds
+``max_batch_size`` requests or the oldest waiting request has waited
+``max_wait``; the batch takes the oldest ``min(queue, max_batch_size)``.
+``max_wait=0`` is greedy batching, ``max_batch_size=1`` a plain FIFO queue,
+``max_batch_size=None`` no cap, and an :class:`AIMD` controller moves the cap
+while it runs (Clipper's adaptive batching).
+
+Both :func:`~infergraph_lite.simulate.simulate_batching` (simulated time) and
+:class:`~infergraph_lite.batching.DynamicBatcher` (real threads and a clock)
+call :meth:`BatchPolicy.start_time` and :meth:`BatchPolicy.take`; nothing else
+in the package decides batch start or size, so the two cannot drift apart.
+
+How the knobs map onto a Triton ``config.pbtxt``:
+
+============================  ====================================================
+this package                  Triton
+============================  ====================================================
+``max_batch_size``            ``max_batch_size`` (the model's largest batch)
+``max_wait`` (seconds)        ``dynamic_batching { max_queue_delay_microseconds }``
+``replicas`` (of a Stage)     ``instance_group [{ count }]``
+(not modelled)                ``dynamic_batching { preferred_batch_size }``: Triton
+                              may start a batch early once a preferred size is
+                              reachable; here a batch starts only when full or
+                              when the oldest request has waited ``max_wait``
+(not modelled)                priority levels, queue policies with timeouts,
+                              ``preserve_ordering``
+``AIMD``                      no Triton field: Clipper's adaptive cap
+============================  ====================================================
+
+Introduced in notebook 05; every stage of notebook 06 carries one.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["AIMD", "BatchPolicy"]
+
+
+def check_number(name: str, value: object, *, positive: bool = True) -> float:
+    """Return ``value`` as a float if it is a finite number, > 0 (or >= 0); else a ValueError naming it.
+
+    >>> check_number("max_wait", 0, positive=False)
+    0.0
+    >>> check_number("rate", float("nan"))
+    Traceback (most recent call last):
+    ...
+    ValueError: rate must be a finite number, got nan
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if (positive and value <= 0) or value < 0:
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def check_count(name: str, value: object, *, allow_none: bool = False) -> int | None:
+    """Return ``value`` as an int if it is an integer >= 1 (numpy integers too); else a ValueError naming it.
+
+    >>> check_count("replicas", np.int64(3))
+    3
+    >>> check_count("max_batch_size", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_batch_size must be an integer >= 1, got 0
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= 1{extra}, got {value!r}")
+    return int(value)
+
+
+@dataclass
+class AIMD:
+    """Clipper's adaptive batch cap: additive increase, multiplicative decrease.
+
+    After each *full* batch (one that reached the cap), if its service time
+    stayed within ``latency_target`` the cap grows by ``increase``; after any
+    batch that took longer than the target it shrinks to ``(1 - decrease)`` of
+    itself.  A batch smaller than the cap says nothing about whether a bigger
+    one would meet the target, so it leaves the cap alone: otherwise, at light
+    load, the cap would drift up to ``max_size`` untested.  The controller
+    needs no model of s(b): it probes for the largest batch that meets the
+    target, and keeps probing, so it follows a model whose speed changes.
+    The target bounds one batch's *service time*, as in Clipper — not a
+    request's end-to-end latency, which adds the time spent queueing.
+    (Crankshaw et al., "Clipper", NSDI 2017, section 4.3.)
+
+    >>> controller = AIMD(latency_target=5.0, decrease=0.5, cap=2)
+    >>> controller.observe(4.0, batch_size=2); controller.cap   # full and fast: grow
+    3
+    >>> controller.observe(4.0, batch_size=1); controller.cap   # not full: no evidence
+    3
+    >>> controller.observe(6.0, batch_size=1); controller.cap   # too slow: halve
+    1
+    """
+
+    latency_target: float
+    increase: int = 1
+    decrease: float = 0.1
+    cap: int = 1
+    max_size: int = 4096
+
+    def __post_init__(self) -> None:
+        check_number("AIMD latency_target", self.latency_target)
+        if isinstance(self.increase, bool) or not isinstance(self.increase, (int, np.integer)) or self.increase < 1:
+            raise ValueError(f"AIMD increase must be an integer >= 1, got {self.increase!r}")
+        if not isinstance(self.decrease, (int, float)) or not 0 < self.decrease < 1:
+            raise ValueError(f"AIMD decrease must be a fraction in (0, 1), got {self.decrease!r}")
+        check_count("AIMD max_size", self.max_size)
+        cap = self.cap
+        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= self.max_size:
+            raise ValueError(f"AIMD cap must be an integer in [1, max_size={self.max_size}], got {self.cap!r}")
+        self.cap, self.increase, self.max_size = int(self.cap), int(self.increase), int(self.max_size)
+
+    def observe(self, service_time: float, batch_size: int) -> None:
+        """Adjust the cap after a batch of ``batch_size`` requests that took ``service_time``."""
+        if service_time > self.latency_target:
+            self.cap = max(1, math.floor(self.cap * (1 - self.decrease)))
+        elif batch_size >= self.cap:
+            self.cap = min(self.cap + self.increase, self.max_size)
+
+
+class BatchPolicy:
+    """When a batch may start and how many requests it takes (Triton's dynamic batcher).
+
+    ``max_batch_size`` is an integer cap (numpy integers too), ``None`` for
+    no cap, or an :class:`AIMD` controller (the policy keeps its own copy, so
+    the caller's stays as it was).  ``max_wait`` is how long the oldest
+    request may wait for a batch to fill, in the caller's time unit.
+
+    >>> policy = BatchPolicy(max_batch_size=4, max_wait=2.0)
+    >>> policy.start_time(free_at=0.0, oldest=1.0, full_at=float("inf"))   # waits out the window
+    3.0
+    >>> policy.start_time(free_at=0.0, oldest=1.0, full_at=1.5)            # full before the window ends
+    1.5
+    >>> policy.start_time(free_at=9.0, oldest=1.0, full_at=1.5)            # server busy until 9
+    9.0
+    >>> policy.take(waiting=10)
+    4
+    """
+
+    __slots__ = ("_controller", "_fixed_cap", "max_wait")
+
+    def __init__(self, max_batch_size: int | AIMD | None = 1, max_wait: float = 0.0):
+        if isinstance(max_batch_size, AIMD):
+            self._controller: AIMD | None = copy.copy(max_batch_size)
+            self._fixed_cap: int | None = None
+        else:
+            self._controller = None
+            if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer, type(None))) or (
+                max_batch_size is not None and max_batch_size < 1
+            ):
+                raise ValueError(f"max_batch_size must be an integer >= 1, None or an AIMD, got {max_batch_size!r}")
+            self._fixed_cap = None if max_batch_size is None else int(max_batch_size)
+        self.max_wait = check_number("max_wait", max_wait, positive=False)
+
+    @property
+    def cap(self) -> int | None:
+        """The largest batch allowed right now (None: no cap); an AIMD's moves as it observes batches."""
+        return self._controller.cap if self._controller is not None else self._fixed_cap
+
+    @property
+    def largest_cap(self) -> int | None:
+        """The largest batch this policy can ever allow: the fixed cap, or an AIMD's ``max_size``."""
+        return self._controller.max_size if self._controller is not None else self._fixed_cap
+
+    @property
+    def controller(self) -> AIMD | None:
+        """The policy's own AIMD controller, if it has one."""
+        return self._controller
+
+    def start_time(self, free_at: float, oldest: float, full_at: float) -> float:
+        """When the next batch starts, given when a server is free, the oldest waiting arrival,
+        and when the queue holds a full batch (``inf`` if it does not yet).
+
+        The first moment the server is free and (the batch is full or the oldest has waited ``max_wait``).
+        """
+        return max(free_at, oldest, min(full_at, oldest + self.max_wait))
+
+    def take(self, waiting: int) -> int:
+        """How many of the ``waiting`` requests the starting batch takes: the oldest ``min(waiting, cap)``."""
+        cap = self.cap
+        return waiting if cap is None else min(waiting, cap)
+
+    def observe(self, service_time: float, batch_size: int) -> None:
+        """Tell the policy how long a batch took (only an AIMD cap uses it)."""
+        if self._controller is not None:
+            self._controller.observe(service_time, batch_size)
+
+    def fresh(self) -> BatchPolicy:
+        """A copy with its own controller state, for a new run."""
+        return BatchPolicy(self._controller if self._controller is not None else self._fixed_cap, self.max_wait)
+
+    def __repr__(self) -> str:
+        cap = self._controller if self._controller is not None else self._fixed_cap
+        return f"BatchPolicy(max_batch_size={cap!r}, max_wait={self.max_wait!r})"
