@@ -50,7 +50,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .graph import GraphError, MissingDependencyError, levels, topological_order, validate_graph
+from .graph import GraphError, MissingDependencyError, prepare, topological_order
+from .loadtest import StageTimes
 
 __all__ = [
     "EnsembleGraph",
@@ -461,8 +462,7 @@ def ensemble_to_graph(config: str | Any, model: str | None = None) -> EnsembleGr
         # Keys are the model's own tensor names, values the ensemble's: sorted by key for a stable order.
         nodes[label] = (step, [producers.get(tensor, tensor) for _, tensor in sorted(step.input_map.items())])
     try:
-        validate_graph(nodes, inputs, require_callable=False)
-        waves = levels(nodes, inputs)
+        waves = prepare(nodes, inputs, require_callable=False).levels
     except MissingDependencyError as err:
         step = nodes[err.node][0]
         index = step_names.index(err.node)
@@ -532,6 +532,19 @@ def _factory_spec(factory: str | Callable[[], Any], repository: Path) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("# Copied by to_model_repository from the notebook that built this repository.\n" + source)
     return f"file:{target.relative_to(repository)}:{factory.__name__}"
+
+
+def _check_factory(spec: str, repository: Path, graph: Mapping[str, Any]) -> None:
+    # The stubs will call the factory; call it here first, so a typo fails now, not in a server's log.
+    try:
+        built = load_factory(spec, repository)()
+    except Exception as exc:
+        raise TritonConfigError(None, "factory", f"factory {spec!r} failed here: {type(exc).__name__}: {exc}") from exc
+    for node in graph:
+        entry = built.get(node) if isinstance(built, Mapping) else None
+        if entry is None or not callable(getattr(entry[0], "fn", None)):
+            raise TritonConfigError(node, "factory", f"factory {spec!r} does not rebuild node {node!r} with a batch "
+                                                     "function (Stage(fn=...))")
 
 
 def load_factory(spec: str, repository: str | Path | None = None) -> Callable[[], Any]:
@@ -676,8 +689,8 @@ def to_model_repository(
     (['shout', 'pipeline'], ['text'], ['shout'])
     """
     path = Path(path)
-    graph = validate_graph(stages, example or [d for _, deps in stages.values() for d in deps if d not in stages],
-                           require_callable=False)
+    graph = prepare(stages, example or [d for _, deps in stages.values() for d in deps if d not in stages],
+                    require_callable=False).nodes
     graph_inputs = list(dict.fromkeys(d for _, deps in graph.values() for d in deps if d not in graph))
     types = dict(tensors or {})
     if any(n not in types for n in [*graph_inputs, *graph]):
@@ -687,6 +700,7 @@ def to_model_repository(
         types = {**infer_tensor_types(stages, example), **types}
     path.mkdir(parents=True, exist_ok=True)
     spec = _factory_spec(factory, path)
+    _check_factory(spec, path, graph)
     preferred = preferred_batch_size or {}
     if ensemble is not None:
         wiring = ensemble_to_graph(ensemble)
@@ -993,6 +1007,10 @@ class TritonServer:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         libs = [sysconfig.get_config_var("LIBDIR") or "", str(site / "nvidia_pytriton.libs")]
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*[p for p in libs if p], *filter(None, [env.get("LD_LIBRARY_PATH")])])
+        # One BLAS thread per stub: every model instance is its own process, so Triton's instance_group
+        # count, not BLAS, decides how many cores a model uses (and 2 cores are not oversubscribed).
+        for knob in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(knob, "1")
         # The stubs import factories as this process would (a test folder, the notebook's folder).
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
         return env
@@ -1020,7 +1038,7 @@ class TritonServer:
             "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
             "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}", "--allow-gpu-metrics=false",
             f"--exit-timeout-secs={self.exit_timeout}", f"--model-control-mode={self.model_control}",
-            "--model-load-thread-count=8", "--log-verbose=0",
+            "--model-load-thread-count=8", "--disable-auto-complete-config",
             *(["--load-model=*"] if self.model_control == "explicit" else []), *self.extra_args,
         ]
         with open(self._workdir / "server.log", "wb") as log:
@@ -1055,9 +1073,11 @@ class TritonServer:
             cause = (f"a port is taken (http {self.http_port}, grpc {self.grpc_port}, metrics {self.metrics_port}); "
                      "another server is listening there")
         else:
-            errors = [line.strip() for line in log.splitlines()
-                      if (re.match(r"\s*E\d{4}", line) or "failed to load" in line or "error:" in line.lower())
-                      and "CUDA" not in line and "Cuda" not in line]
+            failed = re.findall(r"failed to load '([^']+)' version \d+: ([^\"\\]*)", log)
+            errors = [f"model {model!r} failed to load: {why.strip()}" for model, why in dict.fromkeys(failed)]
+            errors += [line.strip() for line in log.splitlines()
+                       if not failed and (re.match(r"\s*E\d{4}", line) or line.startswith("error:"))
+                       and "CUDA" not in line and "Cuda" not in line]
             cause = "; ".join(dict.fromkeys(errors[:4])) or "see .log"
         return f"tritonserver {what}: {cause}"
 
@@ -1126,6 +1146,11 @@ class ModelStats:
                           self.executions - earlier.executions, self.request_time - earlier.request_time,
                           self.queue_time - earlier.queue_time, self.compute_time - earlier.compute_time,
                           {b: n for b, n in sorted(sizes.items()) if n})
+
+    def stage_times(self) -> StageTimes:
+        """Per request queue and compute seconds and the mean batch, as :class:`~infergraph_lite.loadtest.LoadReport`
+        shows a stage."""
+        return StageTimes(self.mean_queue, self.mean_compute, self.mean_batch_size)
 
     @classmethod
     def from_triton(cls, stats: Mapping[str, Any]) -> ModelStats:
