@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from .execute import run_graph
 from .graph import critical_path, levels
 from .simulate import simulate_batching
 from .stage import capacity
+from .triton import TritonConfigError, ensemble_to_graph, parse_pbtxt
 
 __all__ = [
     "Feedback",
@@ -380,63 +380,6 @@ def check_window_tradeoff(window_tradeoff: Callable[[list[float]], dict]) -> str
     return "the trade-off, measured: windows cost latency at low load and barely matter near capacity."
 
 
-_PBTXT_TOKEN = re.compile(r'\s*(?:(#[^\n]*)|("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^\s{}\[\]:,"#]+))')
-
-
-def parse_pbtxt(text: str) -> dict[str, list[Any]]:
-    """Parse protobuf text format (what Triton's ``config.pbtxt`` is) into ``{field: [values]}``.
-
-    Every field maps to a list, since any field may repeat; messages become dicts.
-
-    >>> parse_pbtxt('name: "e" input [ { name: "T" dims: [ 1 ] } ]')
-    {'name': ['e'], 'input': [{'name': ['T'], 'dims': [1]}]}
-    """
-    tokens = [m.group(2) or m.group(3) or m.group(4) for m in _PBTXT_TOKEN.finditer(text) if not m.group(1)]
-    tokens = [t for t in tokens if t is not None]
-    position = 0
-
-    def scalar(token: str) -> Any:
-        if token.startswith('"'):
-            return token[1:-1].encode().decode("unicode_escape")
-        for kind in (int, float):
-            try:
-                return kind(token)
-            except ValueError:
-                pass
-        return token  # an enum name such as TYPE_STRING
-
-    def value() -> list[Any]:
-        nonlocal position
-        token = tokens[position]
-        position += 1
-        if token == "{":
-            return [message("}")]
-        if token == "[":
-            items = []
-            while tokens[position] != "]":
-                if tokens[position] == ",":
-                    position += 1
-                    continue
-                items += value()
-            position += 1
-            return items
-        return [scalar(token)]
-
-    def message(end: str | None) -> dict[str, list[Any]]:
-        nonlocal position
-        fields: dict[str, list[Any]] = {}
-        while position < len(tokens) and tokens[position] != end:
-            name = tokens[position]
-            position += 1
-            if position < len(tokens) and tokens[position] == ":":
-                position += 1
-            fields.setdefault(name, []).extend(value())
-        position += 1
-        return fields
-
-    return message(None)
-
-
 @_checker
 def check_triton_ensemble(config: str | Callable[[], str]) -> str:
     """Exercise 05.4: a Triton ensemble config for the seed's two-model graph, its data flow checked.
@@ -446,32 +389,13 @@ def check_triton_ensemble(config: str | Callable[[], str]) -> str:
     config_text = config() if callable(config) else config
     if not config_text.strip():
         raise NotImplementedError("write the config.pbtxt of the ensemble as a string")
-    config = parse_pbtxt(config_text)
-    _expect(config.get("platform") == ["ensemble"], 'an ensemble model needs platform: "ensemble"')
-    scheduling = config.get("ensemble_scheduling", [{}])[0]
-    steps = scheduling.get("step", [])
-    _expect(len(steps) >= 3, f"expected steps for pre, two models and combine; found {len(steps)}")
-    available = {i["name"][0] for i in config.get("input", [])}
-    _expect(available, "declare the ensemble's input tensor(s) in input [ ... ]")
-    producers: dict[str, str] = {}
-    pending = list(steps)
-    waves: list[list[str]] = []  # steps that can run at the same time, as Triton would schedule them
-    while pending:  # a step can run once all of its input tensors exist
-        ready = [s for s in pending if all(m["value"][0] in available for m in s.get("input_map", []))]
-        unknown = {m["value"][0] for s in pending for m in s.get("input_map", [])} - available
-        _expect(ready, "some steps read tensors that no step (and no ensemble input) produces: "
-                       + ", ".join(sorted(unknown)))
-        for step in ready:
-            for m in step.get("output_map", []):
-                _expect(m["value"][0] not in producers, f"tensor {m['value'][0]!r} is produced by two steps")
-                producers[m["value"][0]] = step["model_name"][0]
-                available.add(m["value"][0])
-            pending.remove(step)
-        waves.append(sorted(step["model_name"][0] for step in ready))
-    outputs = [o["name"][0] for o in config.get("output", [])]
-    _expect(outputs and all(o in producers for o in outputs), f"ensemble outputs {outputs} must come from a step")
-    parallel = next((wave for wave in waves if len(wave) >= 2), None)
-    order = " -> ".join(wave[0] for wave in waves)
+    try:  # Triton's own schema, then the steps' data flow as a graph (graph.py: missing tensors, cycles)
+        graph = ensemble_to_graph(config_text)
+    except TritonConfigError as err:
+        raise _Wrong(str(err)) from None
+    _expect(len(graph.nodes) >= 3, f"expected steps for pre, two models and combine; found {len(graph.nodes)}")
+    parallel = next((level for level in graph.levels if len(level) >= 2), None)
+    order = " -> ".join(level[0] for level in graph.levels)
     _expect(parallel is not None, f"the steps run strictly one after another ({order}); the two models should "
                                   "both read the preprocessed tensor, so they can run in parallel")
-    return f"a valid ensemble: {len(steps)} steps in {len(waves)} waves; {parallel} run in parallel."
+    return f"a valid ensemble: {len(graph.nodes)} steps in {len(graph.levels)} waves; {parallel} run in parallel."

@@ -297,6 +297,16 @@ def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_other
                                        'input_map { key: "IN" value: "len" } output_map { key: "OUT" value: "a" }')
     assert_wrong(checks.check_triton_ensemble(sequential), "one after another", "pre -> modelA -> modelB -> combine")
     assert_wrong(checks.check_triton_ensemble(GOOD_ENSEMBLE.replace('platform: "ensemble"', "")), "platform")
+    misspelt = GOOD_ENSEMBLE.replace("max_batch_size: 8", "max_batch_sise: 8")
+    assert_wrong(checks.check_triton_ensemble(misspelt), "model 'banana_ensemble'", "field max_batch_sise")
+    looped = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "TEXT" }', 'input_map { key: "IN" value: "RESULT" }')
+    assert_wrong(checks.check_triton_ensemble(looped), "not a DAG", "cycle")
+
+
+def test_the_pbtxt_reader_lives_in_triton_and_checks_reexports_it():
+    from infergraph_lite import triton
+
+    assert checks.parse_pbtxt is triton.parse_pbtxt
 
 
 def test_pbtxt_parser_reads_repeated_fields_lists_comments_and_escapes():
