@@ -68,6 +68,7 @@ __all__ = [
     "check_model_config",
     "ensemble_to_graph",
     "infer_tensor_types",
+    "member_config",
     "parse_model_config",
     "parse_pbtxt",
     "read_repository",
@@ -528,8 +529,8 @@ def _factory_spec(factory: str | Callable[[], Any], repository: Path) -> str:
     except (OSError, TypeError) as err:
         raise ValueError(f"cannot read the source of factory {factory!r} to copy it into the repository: {err}"
                          ) from None
-    target = repository / "_factories" / f"{factory.__name__}.py"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    # A plain file at the repository's top: Triton takes every folder there for a model, but ignores files.
+    target = repository / f"_factory_{factory.__name__}.py"
     target.write_text("# Copied by to_model_repository from the notebook that built this repository.\n" + source)
     return f"file:{target.relative_to(repository)}:{factory.__name__}"
 
@@ -1091,6 +1092,28 @@ class TritonServer:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
         self.process = None
+
+    def processes(self) -> list[Any]:
+        """The server's process and its children (a Python stub per model instance), as ``psutil.Process``."""
+        import psutil
+
+        if self.process is None:
+            return []
+        server = psutil.Process(self.process.pid)
+        return [server, *server.children(recursive=True)]
+
+    def instances(self) -> dict[str, int]:
+        """Model -> how many Python stub processes serve it now (``instance_group`` count, per version loaded)."""
+        counts: dict[str, int] = {}
+        for process in self.processes()[1:]:
+            try:
+                command = process.cmdline()
+            except Exception:  # noqa: BLE001 - a stub that just exited has no command line any more
+                continue
+            if len(command) > 1 and command[1].endswith("model.py"):
+                model = Path(command[1]).parent.parent.name
+                counts[model] = counts.get(model, 0) + 1
+        return dict(sorted(counts.items()))
 
     def client(self) -> TritonClient:
         """A :class:`TritonClient` connected to this server."""
