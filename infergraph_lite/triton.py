@@ -72,6 +72,7 @@ __all__ = [
     "parse_model_config",
     "parse_pbtxt",
     "read_repository",
+    "run_stages_once",
     "tensor_type_of",
     "to_model_repository",
     "triton_available",
@@ -225,6 +226,22 @@ def _default_type(data_type: str, dims: Sequence[int]) -> TensorType:
     return TensorType("array", data_type, tuple(dims))
 
 
+def run_stages_once(stages: Mapping[str, tuple[Any, Sequence[str]]], inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Run a stage graph's batch functions on one request, in order: the inputs plus every node's value.
+
+    A node with several dependencies gets a tuple of their values, as a served stage does.
+
+    >>> run_stages_once({"n": (_FakeStage(fn=lambda xs: [len(x) for x in xs]), ["text"])}, {"text": "abc"})
+    {'text': 'abc', 'n': 3}
+    """
+    values = dict(inputs)
+    for name in topological_order(stages, inputs):
+        stage, deps = stages[name]
+        args = tuple(values[d] for d in deps)
+        (values[name],) = _batch_fn(name, stage)([args[0] if len(args) == 1 else args])
+    return values
+
+
 def infer_tensor_types(stages: Mapping[str, tuple[Any, Sequence[str]]], example: Mapping[str, Any]
                        ) -> dict[str, TensorType]:
     """Run the graph once on ``example`` (batches of one) and type every input and node output.
@@ -234,12 +251,7 @@ def infer_tensor_types(stages: Mapping[str, tuple[Any, Sequence[str]]], example:
     >>> types["text"].encoding, types["n"]
     ('text', TensorType(encoding='scalar', data_type='TYPE_INT64', dims=(1,)))
     """
-    values = dict(example)
-    for name in topological_order(stages, example):
-        stage, deps = stages[name]
-        args = tuple(values[d] for d in deps)
-        (values[name],) = _batch_fn(name, stage)([args[0] if len(args) == 1 else args])
-    return {name: tensor_type_of(value) for name, value in values.items()}
+    return {name: tensor_type_of(value) for name, value in run_stages_once(stages, example).items()}
 
 
 @dataclass(frozen=True)
