@@ -34,6 +34,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 
 # For maintainers: re-execute every notebook top to bottom in a fresh kernel and save the outputs.
 notebooks: $(STAMP)

@@ -119,7 +119,7 @@ class DynamicBatcher:
         self.max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
         self.replicas = check_count("replicas", replicas) or 1
         if isinstance(clock, SystemClock) or (hasattr(clock, "now") and hasattr(clock, "wait")):
-            self.clock: Clock = clock  # type: ignore[assignment]
+            self.clock: Clock = clock
         elif callable(clock):
             self.clock = SystemClock(clock)
         else:

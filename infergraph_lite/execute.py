@@ -57,9 +57,11 @@ def run_plan(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """
     plan.check_inputs(inputs)
     results = dict(inputs)
+    nodes = plan.nodes
     name = ""
     try:  # one try around the loop, not a wrapper per node: it is the executor's hot path
-        for name, func, deps in plan.steps:
+        for name in plan.order:
+            func, deps = nodes[name]
             results[name] = func(*[results[d] for d in deps])
     except Exception as exc:
         raise NodeError(name, exc) from exc
@@ -140,8 +142,7 @@ def run_plan_parallel(
 
     failure: tuple[str, BaseException] | None = None
     # Our own pool is shut down (threads joined) on the way out; a caller's pool stays theirs.
-    own = pool is None
-    with ThreadPoolExecutor(max_workers, "infergraph") if own else contextlib.nullcontext(pool) as executor:
+    with ThreadPoolExecutor(max_workers, "infergraph") if pool is None else contextlib.nullcontext(pool) as executor:
 
         def submit(name: str) -> None:
             executor.submit(work, name, [results[d] for d in graph[name][1]])

@@ -162,7 +162,7 @@ class Plan:
     'AB'
     """
 
-    __slots__ = ("dependents", "in_degree", "inputs", "levels", "nodes", "order", "steps")
+    __slots__ = ("_generations", "_levels", "dependents", "in_degree", "inputs", "nodes", "order")
 
     def __init__(
         self,
@@ -175,11 +175,17 @@ class Plan:
         self.nodes = nodes
         self.inputs = inputs
         self.order = [name for generation in generations for name in generation]
-        self.levels = [sorted(generation) for generation in generations]
         self.dependents = dependents
         self.in_degree = in_degree
-        # The sequential executor's hot loop reads these tuples and nothing else.
-        self.steps = tuple((name, *nodes[name]) for name in self.order)
+        self._generations = generations
+        self._levels: list[list[str]] | None = None  # sorted on first use: a one-shot run never needs them
+
+    @property
+    def levels(self) -> list[list[str]]:
+        """The nodes that could run at the same time, level by level, sorted within a level."""
+        if self._levels is None:
+            self._levels = [sorted(generation) for generation in self._generations]
+        return self._levels
 
     def __repr__(self) -> str:
         return f"Plan({len(self.nodes)} nodes, {len(self.levels)} levels, inputs={sorted(self.inputs)})"
@@ -241,27 +247,33 @@ def prepare(
         raise TypeError(f"nodes must be a mapping name -> (func, [deps]), got {type(nodes).__name__}")
     input_names = _input_names(inputs)
     dependents: dict[str, list[str]] = {name: [] for name in nodes}
+    users_of = dependents.get
     in_degree: dict[str, int] = {}
     graph: dict[str, tuple[Any, tuple[str, ...]]] = {}
     first_missing = None
-    for name, entry in nodes.items():
-        # The common, well-formed entry is checked inline (this loop is every one-shot run's start-up cost);
-        # anything unusual goes to _explain_entry, which says what is wrong.
-        if not (type(entry) is tuple and len(entry) == 2 and type(name) is str and type(entry[1]) in (list, tuple)
-                and (not require_callable or callable(entry[0]))):
-            _explain_entry(name, entry, require_callable)
-        func, deps = entry
-        count = 0
-        for dep in deps:
-            if type(dep) is not str:
+    try:
+        for name, entry in nodes.items():
+            # The common, well-formed entry is checked inline (this loop is every one-shot run's start-up cost);
+            # anything unusual goes to _explain_entry, which says what is wrong.
+            if not (type(entry) is tuple and len(entry) == 2 and type(name) is str
+                    and type(entry[1]) in (list, tuple) and (not require_callable or callable(entry[0]))):
                 _explain_entry(name, entry, require_callable)
-            if dep in dependents:
-                dependents[dep].append(name)  # a dependency listed twice is counted, and released, twice
-                count += 1
-            elif first_missing is None and dep not in input_names:
-                first_missing = name  # reported once every entry is known to be well formed
-        graph[name] = (func, deps if type(deps) is tuple else tuple(deps))
-        in_degree[name] = count
+            func, deps = entry
+            count = 0
+            for dep in deps:
+                users = users_of(dep)
+                if users is not None:
+                    users.append(name)  # a dependency listed twice is counted, and released, twice
+                    count += 1
+                elif first_missing is None and dep not in input_names:
+                    first_missing = name  # explained once every entry is known to be well formed
+            graph[name] = (func, deps if type(deps) is tuple else tuple(deps))
+            in_degree[name] = count
+    except TypeError:  # an unhashable dependency name: say which node, and what is wrong with it
+        _explain_entry(name, entry, require_callable)
+        raise
+    if first_missing is not None:
+        _explain_entry(first_missing, nodes[first_missing], require_callable)  # a name that is no string?
     if not input_names.isdisjoint(graph):
         raise NameConflictError(next(name for name in graph if name in input_names))
     if first_missing is not None:
@@ -365,8 +377,9 @@ def _kahn_generations(waiting: dict[str, int], dependents: Mapping[str, list[str
         following = []
         for name in generation:
             for child in dependents[name]:
-                waiting[child] -= 1
-                if waiting[child] == 0:
+                left = waiting[child] - 1
+                waiting[child] = left
+                if not left:
                     following.append(child)
         generation = following
     return generations
@@ -416,12 +429,11 @@ def critical_path(
 def _critical_path(
     plan: Plan, durations: Mapping[str, float] | Callable[[str], float]
 ) -> tuple[list[str], float]:
-    duration_of = durations if callable(durations) else None
     finish: dict[str, float] = {}
     best_predecessor: dict[str, str | None] = {}
     for name in plan.order:
-        if duration_of is not None:
-            duration = duration_of(name)
+        if callable(durations):
+            duration = durations(name)
         elif name in durations:
             duration = durations[name]
         else:
@@ -436,6 +448,6 @@ def _critical_path(
         return [], 0.0
     end = max(sorted(finish), key=finish.__getitem__)
     path = [end]
-    while best_predecessor[path[-1]] is not None:
-        path.append(best_predecessor[path[-1]])
+    while (before := best_predecessor[path[-1]]) is not None:
+        path.append(before)
     return path[::-1], finish[end]

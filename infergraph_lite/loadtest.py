@@ -93,6 +93,13 @@ def _submit_of(target: Submit | Any) -> Submit:
     return submit
 
 
+def _stamp(done_at: list[float], i: int) -> Callable[[Future], None]:
+    # A done-callback that records when request i was answered.
+    def record(_: Future) -> None:
+        done_at[i] = time.perf_counter()
+    return record
+
+
 def run_open_loop(
     target: Submit | Any,
     arrivals: Sequence[float] | np.ndarray,
@@ -128,7 +135,7 @@ def run_open_loop(
             time.sleep(delay)
         submitted_at[i] = time.perf_counter()
         future = submit(make_item(i))
-        future.add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.perf_counter()))
+        future.add_done_callback(_stamp(done_at, i))
         futures.append(future)
     failed = 0
     deadline = time.perf_counter() + timeout

@@ -151,11 +151,12 @@ class BatchPolicy:
     4
     """
 
-    __slots__ = ("_controller", "_fixed_cap", "max_wait")
+    __slots__ = ("_controller", "_fixed_cap", "_template", "max_wait")
 
     def __init__(self, max_batch_size: int | AIMD | None = 1, max_wait: float = 0.0):
-        if isinstance(max_batch_size, AIMD):
-            self._controller: AIMD | None = copy.copy(max_batch_size)
+        self._template = copy.copy(max_batch_size) if isinstance(max_batch_size, AIMD) else None
+        if self._template is not None:
+            self._controller: AIMD | None = copy.copy(self._template)
             self._fixed_cap: int | None = None
         else:
             self._controller = None
@@ -200,9 +201,9 @@ class BatchPolicy:
             self._controller.observe(service_time, batch_size)
 
     def fresh(self) -> BatchPolicy:
-        """A copy with its own controller state, for a new run."""
-        return BatchPolicy(self._controller if self._controller is not None else self._fixed_cap, self.max_wait)
+        """A new policy with the same knobs, its AIMD (if any) back at its starting cap: for a new run."""
+        return BatchPolicy(self._template if self._template is not None else self._fixed_cap, self.max_wait)
 
     def __repr__(self) -> str:
-        cap = self._controller if self._controller is not None else self._fixed_cap
+        cap = self._template if self._template is not None else self._fixed_cap
         return f"BatchPolicy(max_batch_size={cap!r}, max_wait={self.max_wait!r})"

@@ -12,10 +12,13 @@ from infergraph_lite import (
     GraphError,
     InvalidNodeError,
     MissingDependencyError,
+    MissingInputError,
     NameConflictError,
     critical_path,
     find_cycle,
     levels,
+    prepare,
+    run_graph,
     topological_order,
     validate_graph,
 )
@@ -192,3 +195,33 @@ def test_critical_path_rejects_negative_or_nan_durations_naming_the_node(bad):
 def test_critical_path_names_a_node_without_a_duration():
     with pytest.raises(ValueError, match="durations has no entry for node 'combine'"):
         critical_path(banana_nodes(), {"pre": 1, "modelA": 1, "modelB": 1})
+
+
+# --- the prepared Plan ------------------------------------------------------------------------------------
+
+
+def test_prepare_once_run_many_times_with_the_same_answers_as_run_graph():
+    plan = prepare(banana_nodes(), ["text"])
+    assert plan.order == ["pre", "modelA", "modelB", "combine"]
+    assert plan.levels == [["pre"], ["modelA", "modelB"], ["combine"]]
+    assert plan.dependents["pre"] == ["modelA", "modelB"] and plan.in_degree["combine"] == 2
+    for text in ["  BANANA  ", "Alfalfa", ""]:
+        assert plan.run({"text": text}) == run_graph(banana_nodes(), {"text": text})
+        assert plan.run_parallel({"text": text}, max_workers=2) == plan.run({"text": text})
+
+
+def test_a_plan_refuses_a_run_that_lacks_an_input_or_shadows_a_node():
+    plan = prepare(banana_nodes(), ["text"])
+    with pytest.raises(MissingInputError, match="input 'text' was not given; the graph reads it"):
+        plan.run({"txt": "typo"})
+    with pytest.raises(NameConflictError, match="'pre' is both an input and a node"):
+        plan.run({"text": "x", "pre": "y"})
+
+
+def test_levels_order_and_critical_path_all_come_from_one_plan():
+    plan = prepare(banana_nodes(), ["text"])
+    durations = {"pre": 1.0, "modelA": 5.0, "modelB": 2.0, "combine": 0.5}
+    assert plan.critical_path(durations) == critical_path(banana_nodes(), durations) == (["pre", "modelA",
+                                                                                          "combine"], 6.5)
+    assert plan.levels == levels(banana_nodes(), ["text"]) and plan.order == topological_order(banana_nodes(),
+                                                                                                ["text"])
