@@ -510,7 +510,7 @@ def check_batching_where_it_pays(choose_batching: Callable[[dict], dict]) -> str
         {"tokenize": (0.0, 0.02), "embed": (0.05, 0.08), "topic": (12.0, 0.2), "sentiment": (12.0, 0.2),
          "merge": (0.0, 0.01), "format": (0.0, 0.01)},
         {"decode": (0.2, 0.5), "detector": (8.0, 1.5), "ranker": (3.0, 0.1), "post": (0.01, 0.02)},
-        {"a": (1.0, 1.0), "b": (2.0, 0.5), "c": (0.5, 2.0)},
+        {"a": (1.0, 1.0), "b": (2.0, 0.5), "c": (0.5, 2.0), "x": (1.1, 1.0), "y": (1.2, 1.0)},
     ]
     for profiles in cases:
         options = choose_batching(dict(profiles))

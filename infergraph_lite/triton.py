@@ -528,8 +528,8 @@ def _factory_spec(factory: str | Callable[[], Any], repository: Path) -> str:
     # A "module:attribute" the stub can import; a function defined in a notebook (__main__) is copied
     # into the repository as source, so it must import what it needs inside its body.
     if isinstance(factory, str):
-        module, _, attribute = factory.partition(":")
-        if not (module and attribute):
+        name, _, attribute = factory.partition(":")
+        if not (name and attribute):
             raise ValueError(f"factory should be 'module:function', got {factory!r}")
         return factory
     module = getattr(factory, "__module__", None)
@@ -860,7 +860,7 @@ class NodeModel:
     node: str = ""
 
     def initialize(self, args: dict[str, str]) -> None:
-        import triton_python_backend_utils as pb_utils  # only importable inside Triton's stub
+        import triton_python_backend_utils as pb_utils  # type: ignore[import-not-found]  # only in Triton's stub
 
         self._pb = pb_utils
         config = json.loads(args["model_config"])
@@ -882,7 +882,8 @@ class NodeModel:
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = self._pb
-        sizes, items = [], []
+        sizes: list[int] = []
+        items: list[Any] = []
         for request in requests:
             columns = [t.decode(pb.get_input_tensor_by_name(request, n).as_numpy()) for n, t in self.inputs]
             rows = columns[0] if len(columns) == 1 else list(zip(*columns))
