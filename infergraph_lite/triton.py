@@ -263,6 +263,11 @@ class _FakeStage:
     replicas: int = 1
 
 
+def _shout_stages() -> dict[str, tuple[Any, list[str]]]:
+    # The one-node graph of the doctests, as a factory.
+    return {"shout": (_FakeStage(fn=lambda xs: [x.upper() for x in xs]), ["text"])}
+
+
 def _batch_fn(name: str, stage: Any) -> Callable[[list], list]:
     fn = getattr(stage, "fn", None)
     if not callable(fn):
@@ -697,7 +702,8 @@ def to_model_repository(
 
     >>> import tempfile
     >>> stages = {"shout": (_FakeStage(fn=lambda xs: [x.upper() for x in xs], max_batch_size=4), ["text"])}
-    >>> repo = to_model_repository(stages, tempfile.mkdtemp(), factory="mymodule:stages", example={"text": "hi"})
+    >>> repo = to_model_repository(stages, tempfile.mkdtemp(), factory="infergraph_lite.triton:_shout_stages",
+    ...                            example={"text": "hi"})
     >>> repo.models, list(repo.inputs), list(repo.outputs)
     (['shout', 'pipeline'], ['text'], ['shout'])
     """
@@ -791,6 +797,13 @@ def add_model_version(repository: Repository | str | Path, model: str, version: 
 
     Triton serves the latest version by default (``version_policy``); load the model again (explicit
     model control) and the traffic moves to the new version.  Returns the version's folder.
+
+    >>> import tempfile
+    >>> stages = {"shout": (_FakeStage(fn=lambda xs: [x.upper() for x in xs]), ["text"])}
+    >>> repo = to_model_repository(stages, tempfile.mkdtemp(), factory="infergraph_lite.triton:_shout_stages",
+    ...                            example={"text": "hi"})
+    >>> add_model_version(repo, "shout", 2, "infergraph_lite.triton:_shout_stages").name
+    '2'
     """
     root = Path(repository.path if isinstance(repository, Repository) else repository)
     if not (root / model / "config.pbtxt").exists():
@@ -806,6 +819,18 @@ def read_repository(path: str | Path) -> dict[str, Any]:
 
     Returns ``{model: ModelConfig}``; raises :class:`TritonConfigError` naming the model and field.
     An ensemble step that names a model the repository lacks is reported here too.
+
+    >>> import tempfile
+    >>> stages = {"shout": (_FakeStage(fn=lambda xs: [x.upper() for x in xs]), ["text"])}
+    >>> repo = to_model_repository(stages, tempfile.mkdtemp(), factory="infergraph_lite.triton:_shout_stages",
+    ...                            example={"text": "hi"})
+    >>> sorted(read_repository(repo.path))
+    ['pipeline', 'shout']
+    >>> _ = (repo.path / "shout" / "config.pbtxt").write_text('name: "shout" backend: "python" max_batch_size: -2')
+    >>> read_repository(repo.path)
+    Traceback (most recent call last):
+    ...
+    infergraph_lite.triton.TritonConfigError: model 'shout', field max_batch_size: must be >= 0, got -2
     """
     path = Path(path)
     if not path.is_dir():
@@ -980,6 +1005,13 @@ class TritonServer:
     Traceback (most recent call last):
     ...
     infergraph_lite.triton.TritonConfigError: model repository no-such-repository does not exist
+
+    Typical use (needs the binary, so not run as a doctest)::
+
+        with TritonServer(repo) as server, server.client() as client:
+            client.infer({"text": "The pizza was excellent."})          # {'format': 'food (0.91), ...'}
+            run_closed_loop(client, n_clients=16, n_requests=500, make_item=...)
+            client.statistics()["embed"].batch_sizes                     # {1: 40, 2: 31, ...}
     """
 
     def __init__(self, repository: Repository | str | Path, *, timeout: float = 60.0,
@@ -993,6 +1025,7 @@ class TritonServer:
         self._workdir: Path | None = None
         self._finalizer: weakref.finalize | None = None
         self.http_port = self.grpc_port = self.metrics_port = 0
+        self._saved_log = ""
 
     @property
     def pid(self) -> int | None:
@@ -1011,7 +1044,7 @@ class TritonServer:
     def log(self) -> str:
         """Everything the server has written so far."""
         if self._workdir is None or not (self._workdir / "server.log").exists():
-            return ""
+            return self._saved_log  # kept from the last run once the server stopped
         return (self._workdir / "server.log").read_text(errors="replace")
 
     def environment(self, root: Path) -> dict[str, str]:
