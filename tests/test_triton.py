@@ -207,6 +207,19 @@ def test_a_platform_without_the_wheel_gets_a_clear_error(monkeypatch, tmp_path):
         TritonServer(tmp_path).start()
 
 
+def test_a_missing_binary_gets_a_clear_error_and_starts_nothing(monkeypatch, tmp_path):
+    import infergraph_lite.triton as triton
+
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(triton.os, "uname", lambda: type("U", (), {"machine": "x86_64"})())
+    monkeypatch.setattr(triton.importlib.util, "find_spec", lambda name: None)
+    before = own_processes()
+    with pytest.raises(TritonUnavailableError, match="nvidia-pytriton is not installed"):
+        TritonServer(tmp_path).start()
+    assert own_processes() <= before
+
+
 # --- a real server ---------------------------------------------------------------------------------------------
 
 
