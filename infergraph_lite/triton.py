@@ -1163,7 +1163,7 @@ class TritonServer:
 
     def client(self) -> TritonClient:
         """A :class:`TritonClient` connected to this server."""
-        return TritonClient(self.url, self.grpc_url)
+        return TritonClient(self.grpc_url)
 
     def __enter__(self) -> TritonServer:
         return self.start()
@@ -1255,19 +1255,16 @@ class TritonClient:
     (text, JSON, numbers, arrays) are read from the model's config on the server.
     """
 
-    def __init__(self, url: str, grpc_url: str, model: str = "pipeline"):
-        import tritonclient.grpc as grpcclient
-        import tritonclient.http as httpclient
+    def __init__(self, grpc_url: str, model: str = "pipeline"):
+        import tritonclient.grpc as grpcclient  # gRPC only: no gevent, so an interrupted call cannot hang the hub
 
-        self.url, self.grpc_url, self.model = url, grpc_url, model
+        self.grpc_url, self.model = grpc_url, model
         self._grpc = grpcclient
-        self._http = httpclient.InferenceServerClient(url)
         self._stream = grpcclient.InferenceServerClient(grpc_url)
         self._types: dict[str, tuple[dict[str, TensorType], dict[str, TensorType]]] = {}
 
     def close(self) -> None:
         self._stream.close()
-        self._http.close()
 
     def __enter__(self) -> TritonClient:
         return self
@@ -1279,7 +1276,7 @@ class TritonClient:
         """``(inputs, outputs)`` of a model: tensor name -> :class:`TensorType`, read from its config."""
         model = model or self.model
         if model not in self._types:
-            config = self._http.get_model_config(model)
+            config = self._stream.get_model_config(model, as_json=True)["config"]
             parameters = {k: v.get("string_value") for k, v in config.get("parameters", {}).items()}
 
             def typed(tensor: Mapping[str, Any]) -> TensorType:
@@ -1341,7 +1338,7 @@ class TritonClient:
 
         Versions of a model are summed unless ``version`` is given.
         """
-        raw = self._http.get_inference_statistics(model, version)["model_stats"]
+        raw = self._stream.get_inference_statistics(model, version, as_json=True).get("model_stats", [])
         grouped: dict[str, list[ModelStats]] = {}
         for entry in raw:
             grouped.setdefault(entry["name"], []).append(ModelStats.from_triton(entry))
@@ -1349,14 +1346,14 @@ class TritonClient:
 
     def load(self, model: str) -> None:
         """(Re)load a model from the repository (needs ``model_control="explicit"``): new versions and configs."""
-        self._http.load_model(model)
+        self._stream.load_model(model)
         self._types.pop(model, None)
 
     def unload(self, model: str) -> None:
-        self._http.unload_model(model)
+        self._stream.unload_model(model)
         self._types.pop(model, None)
 
     def ready_versions(self, model: str) -> list[str]:
         """The versions of ``model`` now serving."""
-        index = self._http.get_model_repository_index()
+        index = self._stream.get_model_repository_index(as_json=True).get("models", [])
         return sorted(m.get("version", "") for m in index if m["name"] == model and m.get("state") == "READY")
