@@ -977,7 +977,9 @@ def _free_ports(count: int) -> list[int]:
 
 def _stop_process_group(process: subprocess.Popen, grace: float) -> None:
     # SIGINT (Triton's clean shutdown), then SIGTERM, then SIGKILL, by the server's own PID; then anything
-    # left in its process group (its Python stubs), whose id is that same PID.
+    # left in its process group (its Python stubs), whose id is that same PID.  A Ctrl-C while waiting
+    # (a learner interrupting the kernel) skips to SIGKILL, so the server never outlives the interruption.
+    interrupted: BaseException | None = None
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         if process.poll() is not None:
             break
@@ -988,8 +990,17 @@ def _stop_process_group(process: subprocess.Popen, grace: float) -> None:
             continue
         except ProcessLookupError:
             break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            break
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    if interrupted is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5.0)  # reap it
+        raise interrupted
 
 
 class TritonServer:

@@ -362,3 +362,23 @@ def test_a_new_version_takes_the_traffic_when_loaded(tmp_path):
         assert client.ready_versions("combine") == ["2"]
         assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3, "v": 2}
 
+
+
+def test_a_ctrl_c_while_stopping_still_kills_the_server(monkeypatch):
+    import subprocess
+
+    import infergraph_lite.triton as triton
+
+    stubborn = subprocess.Popen(["bash", "-c", "trap '' INT; sleep 60"], start_new_session=True)
+    real_wait, calls = stubborn.wait, []
+
+    def interrupted_wait(timeout=None):
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the learner presses Ctrl-C while the server shuts down
+        return real_wait(timeout)
+
+    monkeypatch.setattr(stubborn, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        triton._stop_process_group(stubborn, grace=5.0)
+    assert stubborn.poll() is not None
