@@ -4,7 +4,7 @@ The public names below are the ones the notebooks, exercises and tests use.
 The seed's original loop is kept apart, in :mod:`infergraph_lite.original`.
 """
 
-from .batching import BatchError, BatchRecord, DynamicBatcher, QueueFullError, RequestRecord
+from .batching import BatchError, BatchRecord, DynamicBatcher, GraphServer, QueueFullError, RequestRecord
 from .claims import ClaimError, expect
 from .execute import (
     NodeError,
@@ -32,7 +32,7 @@ from .graph import (
 )
 from .loadtest import LoadReport, ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
 from .policy import AIMD, BatchPolicy
-from .simulate import BatchingResult, UnstableLoadError, simulate_batching
+from .simulate import BatchingResult, GraphResult, UnstableLoadError, simulate_batching, simulate_graph
 from .stage import Exponential, Stage, capacity
 
 __all__ = [
@@ -46,6 +46,8 @@ __all__ = [
     "DynamicBatcher",
     "Exponential",
     "GraphError",
+    "GraphResult",
+    "GraphServer",
     "InvalidNodeError",
     "LoadReport",
     "MissingDependencyError",
@@ -74,6 +76,7 @@ __all__ = [
     "run_plan",
     "run_plan_parallel",
     "simulate_batching",
+    "simulate_graph",
     "topological_order",
     "validate_graph",
 ]

@@ -12,18 +12,25 @@ Introduced in notebook 05.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .policy import AIMD, BatchPolicy, check_count
+import numpy as np
 
-__all__ = ["BatchError", "BatchRecord", "Clock", "DynamicBatcher", "QueueFullError", "RequestRecord", "SystemClock"]
+from .execute import NodeError
+from .loadtest import StageTimes, stage_times
+from .policy import AIMD, BatchPolicy, check_count
+from .stage import prepare_stages
+
+__all__ = ["BatchError", "BatchRecord", "Clock", "DynamicBatcher", "GraphRequestRecord", "GraphServer",
+           "QueueFullError", "RequestRecord", "SystemClock"]
 
 
 class BatchError(RuntimeError):
@@ -31,7 +38,14 @@ class BatchError(RuntimeError):
 
 
 class QueueFullError(RuntimeError):
-    """``submit`` found ``max_queue_size`` requests already waiting: shed load instead of queueing forever."""
+    """``submit`` found ``max_queue_size`` requests already waiting: shed load instead of queueing forever.
+
+    ``.stage`` names the stage of a :class:`GraphServer` that refused the request (None for a lone batcher).
+    """
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
 
 
 @dataclass(frozen=True)
@@ -242,3 +256,266 @@ class DynamicBatcher:
                     pending.future.set_result(results[i])
                 else:
                     pending.future.set_exception(error)
+
+
+@dataclass(frozen=True)
+class GraphRequestRecord:
+    """One request through a :class:`GraphServer`: its submit number and when it entered and left (clock seconds)."""
+
+    number: int
+    submitted: float
+    finished: float
+
+    @property
+    def latency(self) -> float:
+        """End to end: submitted until its last stage finished."""
+        return self.finished - self.submitted
+
+
+class _Job:
+    # One request's state while it flows through the graph; touched under GraphServer._lock.
+    __slots__ = ("failed", "future", "inputs", "left", "number", "submitted", "values", "waiting")
+
+    def __init__(self, number: int, inputs: Mapping[str, Any], waiting: dict[str, int], left: int, submitted: float):
+        self.number = number
+        self.inputs = inputs
+        self.values: dict[str, Any] = {}
+        self.waiting = waiting      # per stage: node dependencies (per listing) not finished yet
+        self.left = left            # stages not finished yet
+        self.future: Future = Future()
+        self.future.set_running_or_notify_cancel()  # a request in a graph cannot be taken back halfway
+        self.submitted = submitted
+        self.failed = False
+
+
+class GraphServer:
+    """Serve a stage graph for real: a :class:`DynamicBatcher` per stage, requests flowing along the edges.
+
+    ``stages`` is the graph shape of notebook 06, ``{name: (Stage(fn=...), [deps])}``,
+    read with ``inputs`` (the input names; default ``("request",)``, as
+    :func:`~infergraph_lite.stage.prepare_stages`).  The whole graph is
+    validated before any thread starts (cycles, missing dependencies, a stage
+    without ``fn``).  Each stage gets its own batcher with the stage's
+    :class:`~infergraph_lite.policy.BatchPolicy` (``max_batch_size``,
+    ``max_wait`` in seconds), ``replicas`` worker threads and
+    ``max_queue_size``.  A stage's ``fn`` receives, per request, the value of
+    its one dependency, or a tuple of its dependencies' values in the order
+    listed.
+
+    :meth:`submit` returns a :class:`~concurrent.futures.Future` of the
+    request's answer: a dict of *every* stage's result, in the graph's
+    topological order (``run_graph``'s answer without the inputs).  A request
+    enters a stage when all its dependencies have finished for it (the join
+    counts down per request); the completing batcher's worker submits it, so
+    there is no scheduler thread.  Failures resolve the future, never leave it
+    hanging:
+
+    - a batch whose ``fn`` raises fails exactly that batch's requests, each
+      with a :class:`~infergraph_lite.execute.NodeError` naming the stage
+      (``__cause__`` is what ``fn`` raised); other requests go on;
+    - a stage whose queue is full refuses the request: its future fails with
+      :class:`QueueFullError` (``.stage`` names the stage), at once if the
+      first stage refuses it; the parts of the request already in other
+      stages finish and are dropped.
+
+    :meth:`close` (or leaving a ``with`` block) refuses new requests, serves
+    every request already inside to the end, and joins every thread.  Records:
+    :attr:`records` (one :class:`GraphRequestRecord` per answered request),
+    :meth:`stage_records` (each stage's per-request queue / compute time and
+    batch size) and :meth:`stage_times` (their means, as perf_analyzer
+    reports them; the load generators of :mod:`~infergraph_lite.loadtest` put
+    them in their :class:`~infergraph_lite.loadtest.LoadReport`).
+
+    >>> from infergraph_lite.stage import Stage
+    >>> stages = {
+    ...     "pre": (Stage(fn=lambda xs: [x.strip().lower() for x in xs], max_batch_size=8), ["text"]),
+    ...     "n": (Stage(fn=lambda xs: [len(x) for x in xs]), ["pre"]),
+    ...     "a": (Stage(fn=lambda xs: [x.count("a") for x in xs]), ["pre"]),
+    ...     "combine": (Stage(fn=lambda pairs: [{"len": n, "a_count": a} for n, a in pairs]), ["n", "a"]),
+    ... }
+    >>> with GraphServer(stages, inputs=["text"]) as server:
+    ...     futures = [server.submit({"text": t}) for t in ["  BANANA  ", "papaya"]]
+    ...     answers = [f.result() for f in futures]
+    >>> answers[0]
+    {'pre': 'banana', 'n': 6, 'a': 3, 'combine': {'len': 6, 'a_count': 3}}
+    >>> answers[1]["combine"], len(server.records)
+    ({'len': 6, 'a_count': 3}, 2)
+    """
+
+    def __init__(
+        self,
+        stages: Mapping[str, tuple[Any, Sequence[str]]],
+        inputs: Iterable[str] = ("request",),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "graph-server",
+    ):
+        plan = prepare_stages(stages, inputs, need="fn")  # raises before any thread starts
+        self.plan = plan
+        self.name = name
+        self._now = clock
+        self._order = tuple(plan.order)
+        self._entry = tuple(n for n in self._order if plan.in_degree[n] == 0)
+        self._waiting_template = {n: plan.in_degree[n] for n in self._order if plan.in_degree[n] > 0}
+        self._dependents = {n: tuple(plan.dependents[n]) for n in self._order}
+        self._args = {n: tuple(plan.nodes[n][1]) for n in self._order}
+        self._lock = threading.Lock()   # requests' state and the records; held briefly, by workers too
+        self._admit = threading.Lock()  # admission: submit() against close(); never taken by a worker
+        self._closed = False
+        self._submitted = 0
+        self._records: list[tuple[int, float, float]] = []
+        self._failed = 0
+        self.batchers: dict[str, DynamicBatcher] = {}
+        try:
+            for stage_name in self._order:
+                stage = plan.nodes[stage_name][0]
+                self.batchers[stage_name] = DynamicBatcher(
+                    stage.fn, stage.max_batch_size, stage.max_wait, stage.max_queue_size,
+                    replicas=stage.replicas, clock=clock, name=f"{name}:{stage_name}")
+        except BaseException:
+            self._closed = True
+            for batcher in self.batchers.values():
+                batcher.close()
+            raise
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "serving"
+        return f"GraphServer({len(self._order)} stages, {self.threads} threads, {state})"
+
+    @property
+    def threads(self) -> int:
+        """How many worker threads serve the graph (the stages' replicas, summed)."""
+        return sum(b.replicas for b in self.batchers.values())
+
+    @property
+    def records(self) -> list[GraphRequestRecord]:
+        """One :class:`GraphRequestRecord` per request answered so far, in the order they finished."""
+        with self._lock:
+            return [GraphRequestRecord(*raw) for raw in self._records]
+
+    @property
+    def failed(self) -> int:
+        """How many requests failed (a stage's batch raised, or a stage's queue refused them)."""
+        with self._lock:
+            return self._failed
+
+    def latencies(self) -> np.ndarray:
+        """End-to-end latency (seconds) of every request answered so far, in the order they finished."""
+        with self._lock:
+            return np.asarray([finished - submitted for _, submitted, finished in self._records])
+
+    def stage_records(self) -> dict[str, list[RequestRecord]]:
+        """Per stage, one :class:`RequestRecord` (queue time, compute time, batch size) per request it served."""
+        return {name: batcher.records for name, batcher in self.batchers.items()}
+
+    def stage_times(self) -> dict[str, StageTimes]:
+        """Per stage, the mean queue and compute time per request and the mean batch size (per batch),
+        over every request served so far (:class:`~infergraph_lite.loadtest.StageTimes`)."""
+        return stage_times(self.stage_records())
+
+    def submit(self, inputs: Mapping[str, Any]) -> Future:
+        """Send one request (a dict with every input the graph reads) into the graph.
+
+        Returns a Future of ``{stage: result}`` for every stage.  Raises
+        :class:`~infergraph_lite.graph.MissingInputError` at once if an input
+        is missing, and ``RuntimeError`` after :meth:`close`; a refusal by a
+        full stage queue comes back in the future (see the class docstring).
+        """
+        self.plan.check_inputs(inputs)
+        with self._admit:
+            if self._closed:
+                raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
+            job = _Job(self._submitted, inputs, dict(self._waiting_template), len(self._order), self._now())
+            self._submitted += 1
+            if not self._order:  # a graph without stages answers at once
+                with self._lock:
+                    self._records.append((job.number, job.submitted, job.submitted))
+                job.future.set_result({})
+            # Under the lock, so close() cannot shut an entry stage between the check above and the submit.
+            for stage_name in self._entry:
+                if job.failed:
+                    break
+                self._enter(job, stage_name)
+        return job.future
+
+    def close(self) -> None:
+        """Refuse new requests, finish every request already inside, and join every worker thread.
+
+        Stages close in topological order: when a stage's workers have stopped,
+        every request it will ever hand on has been handed on, so the next stage
+        can drain in turn.
+        """
+        with self._admit:
+            self._closed = True
+        for stage_name in self._order:
+            self.batchers[stage_name].close()
+
+    def __enter__(self) -> GraphServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _enter(self, job: _Job, stage_name: str) -> None:
+        # Hand one request to one stage: its argument is its dependencies' values (one: the value itself).
+        names = self._args[stage_name]
+        values, inputs = job.values, job.inputs
+        if len(names) == 1:
+            name = names[0]
+            arg = values[name] if name in values else inputs[name]
+        else:
+            arg = tuple(values[name] if name in values else inputs[name] for name in names)
+        try:
+            future = self.batchers[stage_name].submit(arg)
+        except QueueFullError as exc:
+            refusal = QueueFullError(f"{self.name}: stage {stage_name!r} refused the request: {exc}", stage=stage_name)
+            refusal.__cause__ = exc
+            self._fail(job, refusal)
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever happens, the request's future is told
+            self._fail(job, exc)
+            return
+        future.add_done_callback(functools.partial(self._done, job, stage_name))
+
+    def _done(self, job: _Job, stage_name: str, done: Future) -> None:
+        # Runs on the stage's worker thread once the request's batch finished: count down, hand on, or answer.
+        try:
+            error = done.exception()
+            if error is not None:
+                cause = error.__cause__ if isinstance(error, BatchError) and error.__cause__ is not None else error
+                failure = NodeError(stage_name, cause)
+                failure.__cause__ = cause
+                self._fail(job, failure)
+                return
+            ready = []
+            with self._lock:
+                if job.failed:
+                    return
+                job.values[stage_name] = done.result()
+                job.left -= 1
+                finished = job.left == 0
+                if finished:
+                    self._records.append((job.number, job.submitted, self._now()))
+                else:
+                    waiting = job.waiting
+                    for child in self._dependents[stage_name]:
+                        waiting[child] -= 1
+                        if waiting[child] == 0:
+                            ready.append(child)
+            if finished:
+                values = job.values
+                job.future.set_result({name: values[name] for name in self._order})
+                return
+            for child in ready:
+                self._enter(job, child)
+        except BaseException as exc:  # noqa: BLE001 - a bug here must not leave the request hanging
+            self._fail(job, exc)
+
+    def _fail(self, job: _Job, error: BaseException) -> None:
+        # The first failure of a request answers it; later ones (other branches) are dropped.
+        with self._lock:
+            if job.failed:
+                return
+            job.failed = True
+            self._failed += 1
+        job.future.set_exception(error)

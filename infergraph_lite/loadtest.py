@@ -27,18 +27,52 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LoadReport", "ServiceProfile", "StageTimes", "profile_service_time", "run_closed_loop", "run_open_loop"]
+__all__ = ["LoadReport", "ServiceProfile", "StageTimes", "profile_service_time", "run_closed_loop", "run_open_loop",
+           "stage_times"]
 
 Submit = Callable[[Any], Future]
 
 
 @dataclass(frozen=True)
 class StageTimes:
-    """Where one stage's time went, per request, in seconds (perf_analyzer's queue / compute split)."""
+    """Where one stage's time went, per request, in seconds (perf_analyzer's queue / compute split).
+
+    ``queue`` and ``compute`` are means per request; ``batch_size`` is the mean size per *batch*;
+    ``requests`` how many requests the means cover.
+    """
 
     queue: float
     compute: float
     batch_size: float
+    requests: int = 0
+
+
+def stage_times(records: Mapping[str, Sequence[Any]]) -> dict[str, StageTimes]:
+    """Summarise per-stage request records into :class:`StageTimes`, stage by stage.
+
+    Each record has ``queue_time``, ``service_time`` and ``batch_size`` (a
+    :class:`~infergraph_lite.batching.RequestRecord`, as
+    :meth:`~infergraph_lite.batching.GraphServer.stage_records` returns).  The
+    mean batch size is per batch: ``n / sum(1 / size)`` over the requests.  A
+    stage with no records gets NaNs.
+
+    >>> from infergraph_lite.batching import RequestRecord
+    >>> t = stage_times({"embed": [RequestRecord(0.001, 0.002, 2), RequestRecord(0.003, 0.002, 2),
+    ...                            RequestRecord(0.0, 0.001, 1)]})["embed"]
+    >>> round(t.queue * 1e3, 6), round(t.compute * 1e3, 6), t.batch_size, t.requests
+    (1.333333, 1.666667, 1.5, 3)
+    """
+    summary = {}
+    for name, rows in records.items():
+        if not rows:
+            summary[name] = StageTimes(math.nan, math.nan, math.nan, 0)
+            continue
+        queue = np.fromiter((r.queue_time for r in rows), float, len(rows))
+        compute = np.fromiter((r.service_time for r in rows), float, len(rows))
+        sizes = np.fromiter((r.batch_size for r in rows), float, len(rows))
+        summary[name] = StageTimes(float(queue.mean()), float(compute.mean()),
+                                   float(len(sizes) / np.sum(1.0 / sizes)), len(rows))
+    return summary
 
 
 @dataclass(frozen=True)
@@ -46,7 +80,9 @@ class LoadReport:
     """What a load test measured: per-request latencies (seconds) and their summaries.
 
     ``latencies`` are submit -> answer, in submit order; failed requests are
-    counted in ``failed`` and left out of the latencies.
+    counted in ``failed`` and left out of the latencies.  ``stages`` holds
+    each stage's mean queue and compute time over the run when the server
+    keeps per-stage records (a :class:`~infergraph_lite.batching.GraphServer`).
     """
 
     latencies: np.ndarray
@@ -93,6 +129,24 @@ def _submit_of(target: Submit | Any) -> Submit:
     return submit
 
 
+def _stage_marks(target: Any) -> tuple[Callable[[], Mapping[str, Sequence[Any]]], dict[str, int]] | None:
+    # A server that keeps per-stage records (GraphServer.stage_records), or a bound .submit of one: note how many
+    # records each stage holds before the run, so the report covers this run's requests only.
+    owner = getattr(target, "__self__", target)
+    records = getattr(owner, "stage_records", None)
+    if not callable(records):
+        return None
+    return records, {name: len(rows) for name, rows in records().items()}
+
+
+def _stages_since(marks: tuple[Callable[[], Mapping[str, Sequence[Any]]], dict[str, int]] | None
+                  ) -> dict[str, StageTimes]:
+    if marks is None:
+        return {}
+    records, before = marks
+    return stage_times({name: list(rows)[before.get(name, 0):] for name, rows in records().items()})
+
+
 def _stamp(done_at: list[float], i: int) -> Callable[[Future], None]:
     # A done-callback that records when request i was answered.
     def record(_: Future) -> None:
@@ -121,6 +175,7 @@ def run_open_loop(
     ((3,), True, 0)
     """
     submit = _submit_of(target)
+    marks = _stage_marks(target)
     arrivals = np.asarray(arrivals, dtype=float)
     if arrivals.ndim != 1 or np.any(np.diff(arrivals) < 0) or (len(arrivals) and arrivals[0] < 0):
         raise ValueError("arrivals must be a 1-d, sorted sequence of offsets >= 0 (seconds)")
@@ -147,7 +202,7 @@ def run_open_loop(
     ok = [i for i, f in enumerate(futures) if f.done() and not f.cancelled() and f.exception() is None]
     latencies = np.asarray([done_at[i] - submitted_at[i] for i in ok])
     elapsed = (max(done_at[i] for i in ok) - start) if ok else 0.0
-    return LoadReport(latencies, elapsed, failed, "open loop")
+    return LoadReport(latencies, elapsed, failed, "open loop", _stages_since(marks))
 
 
 def run_closed_loop(
@@ -171,6 +226,7 @@ def run_closed_loop(
     (30, 'closed loop, 3 clients')
     """
     submit = _submit_of(target)
+    marks = _stage_marks(target)
     if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
         raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
     if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 1:
@@ -206,7 +262,8 @@ def run_closed_loop(
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
-    return LoadReport(np.asarray(latencies), elapsed, failed, f"closed loop, {n_clients} clients")
+    return LoadReport(np.asarray(latencies), elapsed, failed, f"closed loop, {n_clients} clients",
+                      _stages_since(marks))
 
 
 @dataclass(frozen=True)
@@ -228,9 +285,23 @@ class ServiceProfile:
 
 
 def profile_service_time(
-    model: Callable[[Any], Any], make_batch: Callable[[int], Any], sizes: Sequence[int], repeats: int = 15
+    model: Callable[[Any], Any],
+    make_batch: Callable[[int], Any],
+    sizes: Sequence[int],
+    repeats: int = 15,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> ServiceProfile:
     """Time ``model(make_batch(b))`` for each ``b`` (median of ``repeats``) and fit ``alpha + beta * b``.
+
+    The sizes are timed in turn, round after round, rather than one size
+    after another: a burst of work elsewhere on the machine then slows one
+    round of every size instead of all the repeats of one size, and the
+    medians stay in order.  ``clock`` reads seconds: wall time by default;
+    ``time.thread_time`` counts only the CPU time of the calling thread,
+    which other processes cannot inflate by taking the core away — the cost
+    on a core of one's own (it misses work on other threads, such as a
+    multi-threaded BLAS call's).
 
     >>> p = profile_service_time(lambda x: x.sum(), lambda b: np.ones((b, 10)), [1, 2, 4], repeats=3)
     >>> p.sizes.tolist(), p.seconds.shape
@@ -240,16 +311,16 @@ def profile_service_time(
         raise ValueError(f"sizes must hold at least two batch sizes >= 1, got {list(sizes)!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    medians = []
-    for b in sizes:
-        batch = make_batch(b)
+    batches = [make_batch(b) for b in sizes]
+    for batch in batches:
         model(batch)  # warm caches and lazy allocations first
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
+    times: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats):
+        for k, batch in enumerate(batches):
+            started = clock()
             model(batch)
-            times.append(time.perf_counter() - started)
-        medians.append(statistics.median(times))
+            times[k].append(clock() - started)
+    medians = [statistics.median(t) for t in times]
     sizes_arr, seconds = np.asarray(sizes, dtype=float), np.asarray(medians)
     beta, alpha = np.polyfit(sizes_arr, seconds, 1)
     return ServiceProfile(np.asarray(sizes), seconds, float(max(alpha, 0.0)), float(max(beta, 0.0)))

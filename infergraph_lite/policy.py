@@ -5,8 +5,10 @@ and at least one request waits, a batch starts as soon as the queue holds
 ``max_batch_size`` requests or the oldest waiting request has waited
 ``max_wait``; the batch takes the oldest ``min(queue, max_batch_size)``.
 ``max_wait=0`` is greedy batching, ``max_batch_size=1`` a plain FIFO queue,
-``max_batch_size=None`` no cap, and an :class:`AIMD` controller moves the cap
-while it runs (Clipper's adaptive batching).
+``max_batch_size=None`` no cap (a batch is then never "full": it starts when
+the oldest request has waited ``max_wait``, and takes everything waiting),
+and an :class:`AIMD` controller moves the cap while it runs (Clipper's
+adaptive batching).
 
 Both :func:`~infergraph_lite.simulate.simulate_batching` (simulated time) and
 :class:`~infergraph_lite.batching.DynamicBatcher` (real threads and a clock)

@@ -114,3 +114,87 @@ def batch_means_interval(samples: np.ndarray, n_batches: int = 20, z: float = 3.
     usable = len(samples) - len(samples) % n_batches
     means = samples[:usable].reshape(n_batches, -1).mean(axis=1)
     return float(samples.mean()), float(z * means.std(ddof=1) / math.sqrt(n_batches))
+
+
+# --- networks of queues (notebook 06) ------------------------------------------------------------------
+#
+# - Erlang C: the mean latency of M/M/c, c servers sharing one FIFO queue.
+# - Jackson's theorem: in an open network of exponential servers fed by Poisson arrivals, each station
+#   behaves as if alone (M/M/c with the traffic it receives), so a tandem's mean latency is the sum of its
+#   stations' (and, for single servers, the sojourn times are independent).
+# - Fork-join: a request split into k tasks, one per parallel exponential server, and done when the last
+#   one is.  Exact only for k = 2 (Flatto & Hahn 1984; the form below is Nelson & Tantawi's 1988):
+#   (12 - rho) / 8 * 1 / (mu - lambda).  For k > 2, Nelson & Tantawi's scaling approximation.
+
+
+def mmc_mean_latency(arrival_rate: float, mean_service: float, servers: int = 1) -> float:
+    """Mean latency (wait + service) of M/M/c by Erlang's C formula.
+
+    ``servers=1`` is M/M/1, ``1 / (mu - lambda)``.  Two servers at 80 % load each:
+
+    >>> round(mmc_mean_latency(1.0, 1.0, 1), 6), round(mmc_mean_latency(1.6, 1.0, 2), 4)
+    (inf, 2.7778)
+    """
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ValueError(f"servers must be an integer >= 1, got {servers!r}")
+    if arrival_rate <= 0 or mean_service <= 0:
+        raise ValueError("arrival_rate and mean_service must be > 0")
+    offered = arrival_rate * mean_service  # in servers' worth of work, a = lambda / mu
+    rho = offered / servers
+    if rho >= 1:
+        return math.inf
+    # Erlang C: P(wait) = (a^c / c!) / (1 - rho) / (sum_{k<c} a^k / k! + (a^c / c!) / (1 - rho))
+    terms = [offered**k / math.factorial(k) for k in range(servers)]
+    last = offered**servers / math.factorial(servers) / (1 - rho)
+    p_wait = last / (sum(terms) + last)
+    return mean_service + p_wait * mean_service / (servers * (1 - rho))
+
+
+def jackson_tandem_mean_latency(arrival_rate: float, stations: list[float | tuple[float, int]]) -> float:
+    """Mean end-to-end latency of exponential stations in series (Jackson's theorem).
+
+    Each station is a mean service time (one server) or ``(mean service time, servers)``; every request
+    visits every station once.  The network's mean latency is the sum of the stations' M/M/c latencies.
+
+    >>> round(jackson_tandem_mean_latency(0.5, [1.0, (1.5, 2)]), 4)   # 1/(1 - 0.5) + M/M/2 at 37.5 % per server
+    3.7455
+    """
+    total = 0.0
+    for station in stations:
+        mean, servers = station if isinstance(station, tuple) else (station, 1)
+        total += mmc_mean_latency(arrival_rate, mean, servers)
+    return total
+
+
+def fork_join_mean_latency(arrival_rate: float, mean_service: float, branches: int = 2) -> float:
+    """Mean latency of a fork-join over ``branches`` identical exponential servers (Poisson arrivals).
+
+    Every request sends one task to each branch's FIFO queue and finishes when its last task does.  With
+    ``rho = lambda / mu``:
+
+    - 1 branch: M/M/1, ``1 / (mu - lambda)``;
+    - 2 branches: exact (Flatto & Hahn; Nelson & Tantawi), ``(12 - rho) / 8 * 1 / (mu - lambda)``:
+      1.5x one branch at light load, falling to 1.375x near saturation;
+    - k > 2: Nelson & Tantawi's approximation, ``[H_k / H_2 + 4/11 (1 - H_k / H_2) rho] * R_2``, with
+      ``H_k = 1 + 1/2 + ... + 1/k`` (within a few per cent of simulation for k <= 32, in their paper).
+
+    >>> round(fork_join_mean_latency(0.5, 1.0, 2), 4)   # (12 - 0.5) / 8 / (1 - 0.5)
+    2.875
+    """
+    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+        raise ValueError(f"branches must be an integer >= 1, got {branches!r}")
+    rho = arrival_rate * mean_service
+    if not 0 < rho < 1:
+        raise ValueError(f"load rho = arrival_rate * mean_service must be in (0, 1), got {rho!r}")
+    one = mean_service / (1 - rho)  # 1 / (mu - lambda)
+    if branches == 1:
+        return one
+    two = (12 - rho) / 8 * one
+    if branches == 2:
+        return two
+    harmonic = sum(1 / i for i in range(1, branches + 1))
+    ratio = harmonic / 1.5
+    return (ratio + 4 / 11 * (1 - ratio) * rho) * two
+
+
+__all__ += ["fork_join_mean_latency", "jackson_tandem_mean_latency", "mmc_mean_latency"]

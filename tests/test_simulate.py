@@ -22,7 +22,7 @@ from infergraph_lite.theory import (
 
 def reference_finish_times(arrivals, s, max_batch_size, max_wait, replicas):
     """The policy read literally: advance from event to event, start batches whenever allowed."""
-    n, cap = len(arrivals), max_batch_size or len(arrivals)
+    n, cap = len(arrivals), max_batch_size or math.inf  # no cap: a batch is never full, the window decides
     finish = [None] * n
     servers = [0.0] * replicas  # time each server is free
     waiting_from = 0  # index of the oldest request not yet in a batch

@@ -1,0 +1,582 @@
+"""The same stage graph on Ray Serve: one deployment per node, composed with handles (notebook 07).
+
+The stage graph of notebook 06, ``{name: (Stage(fn=..., max_batch_size=..., max_wait=..., replicas=...), [deps])}``,
+becomes a Ray Serve application:
+
+- every node is a *deployment* (:class:`StageReplica`) with ``num_replicas = stage.replicas`` and a
+  fractional CPU share (``ray_actor_options={"num_cpus": ...}``), so a whole graph fits on two cores;
+- a batching stage (``max_batch_size > 1``) runs its batch function under ``@serve.batch`` with
+  ``max_batch_size`` and ``batch_wait_timeout_s = stage.max_wait``: Serve's dynamic batcher, the same
+  rule as the package's :class:`~infergraph_lite.policy.BatchPolicy`;
+- an *ingress* deployment (:class:`GraphIngress`) walks the DAG in topological order and hands each
+  node the unawaited responses of its dependencies (Serve resolves them on the way), so the two
+  branches of a fork really run at the same time;
+- :class:`RayServeGraph` starts Ray on this machine (``num_cpus=2``, no dashboard, no HTTP proxy,
+  every listener on 127.0.0.1), deploys, gives ``submit(inputs) -> Future`` for the package's load
+  generators, and on exit shuts Ray down and checks, by PID, that no process it started is left.
+
+Loopback only.  Ray normally binds its node to the machine's network address, and every Serve replica
+opens an inter-deployment gRPC server on ``[::]:0`` (all interfaces; hard-coded in Ray 2.60's
+``ray/serve/_private/replica.py``).  Two settings keep everything on 127.0.0.1:
+
+1. ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (documented in Ray's cluster guide), set before ``import ray``:
+   Ray's single-machine mode, the default on macOS and Windows, whose node address is 127.0.0.1.  (Passing
+   ``_node_ip_address="127.0.0.1"`` alone is not enough: Ray rewrites a loopback address to the machine's
+   network address when multi-node clusters are enabled.)
+2. A ``worker_process_setup_hook`` (:func:`keep_replica_grpc_on_loopback`) that makes the replica's gRPC
+   server bind ``127.0.0.1:0``.  It wraps an internal Ray name, so Ray is pinned (``ray[serve]==2.60.*``),
+   the hook fails loudly if the name moves, and :meth:`RayServeGraph.start` lists every listening socket
+   of every process Ray started and refuses to run if one is not on loopback.
+
+Importing this module sets those environment variables and imports Ray (about a second).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before `import ray`: Ray reads these once, at import (see the module docstring).
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # single-machine mode: the node address is 127.0.0.1
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage report is sent anywhere
+}
+for _key, _value in LOOPBACK_ENV.items():
+    os.environ.setdefault(_key, _value)
+
+import asyncio  # noqa: E402 - after the environment above, on purpose
+import collections  # noqa: E402
+import concurrent.futures  # noqa: E402
+import contextlib  # noqa: E402
+import ipaddress  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, NamedTuple  # noqa: E402
+
+import psutil  # noqa: E402
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from ray._private import ray_constants  # noqa: E402
+
+from .execute import NodeError  # noqa: E402
+from .graph import MissingInputError, Plan  # noqa: E402
+from .policy import AIMD  # noqa: E402
+from .stage import Stage, prepare_stages  # noqa: E402
+
+__all__ = [
+    "INGRESS_DEPLOYMENT",
+    "LOOPBACK_ENV",
+    "STAGE_DEPLOYMENT",
+    "TESTED_RAY",
+    "GraphIngress",
+    "Listener",
+    "LoopbackError",
+    "RayServeGraph",
+    "StageReplica",
+    "autoscaling_config",
+    "batch_options",
+    "deployment_options",
+    "is_loopback",
+    "keep_replica_grpc_on_loopback",
+    "listening_sockets",
+    "process_tree",
+]
+
+TESTED_RAY = "2.60."
+"""The Ray release line whose internals :func:`keep_replica_grpc_on_loopback` was written and tested against."""
+
+SETUP_HOOK = f"{__name__}.keep_replica_grpc_on_loopback"
+UNCAPPED_BATCH = 1024  # Serve needs a number; the package's max_batch_size=None (no cap) becomes this
+
+
+class LoopbackError(RuntimeError):
+    """A process we started listens on an address other than loopback (or loopback could not be ensured)."""
+
+
+# --- processes and their listening sockets -------------------------------------------------------------
+
+
+class Listener(NamedTuple):
+    """One listening TCP socket: which process holds it, and where it listens."""
+
+    pid: int
+    process: str
+    ip: str
+    port: int
+
+
+def is_loopback(ip: str) -> bool:
+    """Whether ``ip`` only accepts connections from this machine (IPv4 127/8, ``::1``, or IPv4-mapped 127/8).
+
+    >>> is_loopback("127.0.0.1"), is_loopback("::ffff:127.0.0.1"), is_loopback("::1")
+    (True, True, True)
+    >>> is_loopback("0.0.0.0"), is_loopback("::"), is_loopback("192.0.2.2")
+    (False, False, False)
+    """
+    address = ipaddress.ip_address(ip.split("%", 1)[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def process_tree(pid: int | None = None) -> list[int]:
+    """The PIDs of every living descendant of ``pid`` (default: this process), children first.
+
+    >>> import subprocess, sys
+    >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    >>> child.pid in process_tree()
+    True
+    >>> child.kill(); child.wait()
+    -9
+    """
+    root = psutil.Process(os.getpid() if pid is None else pid)
+    return [p.pid for p in root.children(recursive=True)]
+
+
+def listening_sockets(pids: Iterable[int]) -> list[Listener]:
+    """Every listening TCP socket (IPv4 and IPv6) held by the processes ``pids``; gone processes are skipped.
+
+    >>> import socket
+    >>> s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+    >>> port = s.getsockname()[1]
+    >>> [(l.ip, l.port == port) for l in listening_sockets([os.getpid()]) if l.port == port]
+    [('127.0.0.1', True)]
+    >>> s.close()
+    """
+    found = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            name = process.name()
+            connections = process.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        for c in connections:
+            if c.status == psutil.CONN_LISTEN:
+                found.append(Listener(pid, name, c.laddr.ip, c.laddr.port))
+    return sorted(found, key=lambda x: (x.pid, x.port))
+
+
+def _stop_processes(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
+    # Wait for the processes we started to exit; SIGTERM, then SIGKILL, whatever is still there, by PID.
+    # Returns the PIDs that had to be stopped this way.
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, still = psutil.wait_procs(alive, timeout=3.0)
+    for p in still:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(still, timeout=3.0)
+    return [p.pid for p in alive]
+
+
+# --- loopback for Serve replicas --------------------------------------------------------------------------
+
+
+def keep_replica_grpc_on_loopback() -> None:
+    """Ray ``worker_process_setup_hook``: make a Serve replica's gRPC server bind 127.0.0.1, not ``[::]``.
+
+    Ray 2.60 starts, in every replica, an inter-deployment gRPC server on ``"[::]:0"`` (all interfaces)
+    with no setting to change it.  This hook runs in each Ray worker process before any actor starts
+    and wraps ``ray.serve._private.replica.add_port_to_grpc_server`` so that address becomes
+    ``127.0.0.1:0``.  It is an internal name: if a Ray release moves it, the hook raises, the worker
+    refuses to start, and nothing listens beyond loopback (fail closed).  Calling it twice is harmless.
+    """
+    from ray.serve._private import replica
+
+    original = getattr(replica, "add_port_to_grpc_server", None)
+    if original is None:
+        raise LoopbackError(
+            f"ray {ray.__version__}: ray.serve._private.replica.add_port_to_grpc_server is gone, so this hook "
+            f"cannot keep the replicas' gRPC servers on 127.0.0.1; it was written for Ray {TESTED_RAY}*"
+        )
+    if getattr(original, "keeps_loopback", False):
+        return
+
+    def add_port_on_loopback(server: Any, address: str) -> int:
+        host, _, port = address.rpartition(":")
+        if host in ("[::]", "0.0.0.0", ""):
+            address = f"127.0.0.1:{port}"
+        return original(server, address)
+
+    add_port_on_loopback.keeps_loopback = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = add_port_on_loopback
+
+
+# --- from a Stage to Serve's options (plain functions, no Ray needed) ----------------------------------------
+
+
+def batch_options(stage: Stage) -> dict[str, Any] | None:
+    """``@serve.batch`` arguments for a stage, or None for a stage that does not batch (``max_batch_size=1``).
+
+    ``max_wait`` is the same knob as Serve's ``batch_wait_timeout_s`` (seconds); ``max_batch_size=None``
+    (no cap) becomes a large cap, since Serve needs a number.
+
+    >>> batch_options(Stage(fn=list, max_batch_size=16, max_wait=0.002))
+    {'max_batch_size': 16, 'batch_wait_timeout_s': 0.002}
+    >>> batch_options(Stage(fn=list)) is None
+    True
+    """
+    size = stage.max_batch_size
+    if isinstance(size, AIMD):
+        raise ValueError("Ray Serve's @serve.batch has a fixed max_batch_size; an AIMD cap has no Serve equivalent. "
+                         "Give the stage an integer max_batch_size.")
+    if size == 1:
+        return None
+    return {"max_batch_size": UNCAPPED_BATCH if size is None else int(size), "batch_wait_timeout_s": stage.max_wait}
+
+
+def autoscaling_config(
+    target_ongoing_requests: float,
+    min_replicas: int,
+    max_replicas: int,
+    upscale_delay_s: float = 30.0,
+    downscale_delay_s: float = 600.0,
+) -> dict[str, Any]:
+    """Serve's ``autoscaling_config`` for a deployment, from the knobs of notebook 06's reactive autoscaler.
+
+    Serve keeps ``ceil(ongoing requests / target_ongoing_requests)`` replicas, within
+    ``[min_replicas, max_replicas]``, and acts on a decision only after it has held for
+    ``upscale_delay_s`` (to add) or ``downscale_delay_s`` (to remove); the defaults are Serve's.
+    Pass the result as ``RayServeGraph(..., autoscaling={"topic": ...})``.
+
+    >>> autoscaling_config(target_ongoing_requests=2, min_replicas=1, max_replicas=3, upscale_delay_s=5)
+    {'target_ongoing_requests': 2, 'min_replicas': 1, 'max_replicas': 3, 'upscale_delay_s': 5,
+     'downscale_delay_s': 600.0}
+    >>> autoscaling_config(2, min_replicas=3, max_replicas=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got 3 and 1
+    """
+    if not target_ongoing_requests > 0:
+        raise ValueError(f"target_ongoing_requests must be > 0, got {target_ongoing_requests!r}")
+    if not (0 <= min_replicas <= max_replicas and max_replicas >= 1):
+        raise ValueError(f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got {min_replicas} and "
+                         f"{max_replicas}")
+    if upscale_delay_s < 0 or downscale_delay_s < 0:
+        raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
+    return {"target_ongoing_requests": target_ongoing_requests, "min_replicas": min_replicas,
+            "max_replicas": max_replicas, "upscale_delay_s": upscale_delay_s, "downscale_delay_s": downscale_delay_s}
+
+
+def deployment_options(
+    stage: Stage, num_cpus: float, autoscaling: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``.options(...)`` of a stage's deployment: replicas (or autoscaling), CPU share, queue limits.
+
+    ``max_ongoing_requests`` (requests a replica holds at once) must be at least the batch size, or
+    Serve could never form a full batch; ``max_queue_size`` becomes ``max_queued_requests`` (a limit
+    that Serve enforces per caller, here the one ingress).
+
+    >>> deployment_options(Stage(fn=list, max_batch_size=16, replicas=2, max_queue_size=100), num_cpus=0.25)
+    {'num_replicas': 2, 'ray_actor_options': {'num_cpus': 0.25}, 'max_ongoing_requests': 32, 'max_queued_requests': 100}
+    """
+    batching = batch_options(stage)
+    options: dict[str, Any] = {"num_replicas": stage.replicas}
+    if autoscaling is not None:
+        options = {"autoscaling_config": dict(autoscaling)}
+    options["ray_actor_options"] = {"num_cpus": num_cpus}
+    options["max_ongoing_requests"] = max(8, 2 * batching["max_batch_size"]) if batching else 8
+    options["max_queued_requests"] = -1 if stage.max_queue_size is None else stage.max_queue_size
+    return options
+
+
+# --- the deployments ----------------------------------------------------------------------------------
+
+
+class StageReplica:
+    """One replica of one stage: runs the stage's batch function, in Serve's batches when the stage batches.
+
+    A node with one dependency receives its value; with several, a tuple of their values in the
+    order listed (the package's convention).  ``batch_sizes()`` reports the batches it ran.
+    """
+
+    def __init__(self, name: str, fn: Callable[[list[Any]], Sequence[Any]], batching: dict[str, Any] | None):
+        self.name = name
+        self.fn = fn
+        self.batching = batching
+        self.sizes: collections.Counter[int] = collections.Counter()
+        if batching is not None:
+            self.run_batch.set_max_batch_size(batching["max_batch_size"])
+            self.run_batch.set_batch_wait_timeout_s(batching["batch_wait_timeout_s"])
+
+    def run_items(self, items: list[Any]) -> list[Any]:
+        """Call the batch function on ``items`` and check it gave one result per item."""
+        self.sizes[len(items)] += 1
+        results = list(self.fn(items))
+        if len(results) != len(items):
+            raise ValueError(f"stage {self.name!r}: its fn returned {len(results)} results for {len(items)} items")
+        return results
+
+    @serve.batch
+    async def run_batch(self, items: list[Any]) -> list[Any]:
+        """Serve collects concurrent calls into ``items`` (up to max_batch_size, waiting at most the timeout)."""
+        return self.run_items(items)
+
+    async def __call__(self, *values: Any) -> Any:
+        item = values[0] if len(values) == 1 else values
+        if self.batching is None:
+            return self.run_items([item])[0]
+        return await self.run_batch(item)
+
+    def batch_sizes(self) -> dict[int, int]:
+        """How many batches of each size this replica ran."""
+        return dict(self.sizes)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    node: str
+    error: BaseException
+
+
+class GraphIngress:
+    """The graph's entry point: sends each node its dependencies' responses, unawaited, in topological order.
+
+    A ``DeploymentResponse`` passed as an argument is resolved by Serve before the node runs, so a node
+    starts as soon as its inputs are ready and parallel branches run at the same time; the ingress only
+    waits at the end, for every node's value (or the first failure, in topological order).
+    """
+
+    def __init__(self, order: list[str], deps: dict[str, list[str]], handles: dict[str, Any]):
+        self.order, self.deps, self.handles = order, deps, handles
+
+    async def __call__(self, inputs: dict[str, Any]) -> dict[str, Any] | _Failed:
+        responses: dict[str, Any] = {}
+        for name in self.order:
+            args = [responses[d] if d in responses else inputs[d] for d in self.deps[name]]
+            responses[name] = self.handles[name].remote(*args)
+        results = {}
+        for name in self.order:
+            try:
+                results[name] = await responses[name]
+            except Exception as error:  # noqa: BLE001 - handed back to the caller as a NodeError naming the node
+                return _Failed(name, getattr(error, "cause", None) or error)
+        return results
+
+
+# The classes above as Serve deployments: each node's options are set in RayServeGraph.application().
+STAGE_DEPLOYMENT = serve.deployment(StageReplica)
+INGRESS_DEPLOYMENT = serve.deployment(GraphIngress, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+
+
+# --- the graph on a local Ray ---------------------------------------------------------------------------------
+
+
+def _cpu_share(num_cpus: float, replicas: int) -> float:
+    # Every replica gets the same fractional CPU, so all of them fit at once (rounded down to 1/100).
+    return max(math.floor(100 * num_cpus / max(replicas, 1)) / 100, 0.01)
+
+
+class RayServeGraph:
+    """A stage graph served by Ray Serve on this machine, loopback only; a context manager.
+
+    ``with RayServeGraph(stages, inputs=("text",)) as served:`` starts Ray (``num_cpus`` logical CPUs,
+    no dashboard), deploys one deployment per node plus the ingress without any HTTP proxy, checks
+    that every listening socket of every process Ray started is on loopback, and answers
+    ``served.submit({"text": ...})`` with a ``concurrent.futures.Future`` of every node's value (so
+    :func:`~infergraph_lite.loadtest.run_open_loop` and ``run_closed_loop`` drive it).  On exit Ray
+    is shut down and every process it started is waited for, by PID (and stopped if it lingers).
+
+    ``num_cpus_per_replica`` defaults to an equal share of ``num_cpus`` for every replica;
+    ``autoscaling`` maps stage names to :func:`autoscaling_config` dicts (replacing ``replicas``).
+    ``timings`` records seconds from the start to ``ray_init`` done and to ``deploy`` done.
+
+    >>> from infergraph_lite.examples import banana_nodes
+    >>> stages = {"pre": (Stage(fn=lambda xs: [x.strip().lower() for x in xs]), ["text"]),
+    ...           "n": (Stage(fn=lambda xs: [len(x) for x in xs], max_batch_size=8, max_wait=0.005), ["pre"])}
+    >>> with RayServeGraph(stages, inputs=("text",)) as served:  # doctest: +SKIP
+    ...     served.submit({"text": "  BANANA  "}).result()
+    {'pre': 'banana', 'n': 6}
+    """
+
+    def __init__(
+        self,
+        stages: Mapping[str, tuple[Stage, Sequence[str]]],
+        inputs: Iterable[str] = ("request",),
+        *,
+        num_cpus: int = 2,
+        num_cpus_per_replica: float | None = None,
+        autoscaling: Mapping[str, Mapping[str, Any]] | None = None,
+        app_name: str = "infergraph",
+        timeout: float = 180.0,
+    ):
+        self.plan: Plan = prepare_stages(stages, inputs, need="fn")  # graph errors before anything starts
+        autoscaling = dict(autoscaling or {})
+        unknown = sorted(set(autoscaling) - set(self.plan.nodes))
+        if unknown:
+            raise ValueError(f"autoscaling names stages the graph does not have: {unknown}")
+        for stage, _ in self.plan.nodes.values():
+            batch_options(stage)  # an AIMD cap is refused here, before Ray starts
+        replicas = sum(autoscaling[n]["max_replicas"] if n in autoscaling else stage.replicas
+                       for n, (stage, _) in self.plan.nodes.items())
+        self.num_cpus = num_cpus
+        self.num_cpus_per_replica = (num_cpus_per_replica if num_cpus_per_replica is not None
+                                     else _cpu_share(num_cpus, replicas))
+        self.autoscaling = autoscaling
+        self.app_name = app_name
+        self.ingress_name = next(n for n in ("ingress", "_ingress", "__ingress") if n not in self.plan.nodes)
+        self.timeout = timeout
+        self.timings: dict[str, float] = {}
+        self._before: set[int] = set(process_tree())
+        self._handle: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    # -- the application ----------------------------------------------------------------------------------
+
+    def application(self) -> Any:
+        """The Serve application: one bound :class:`StageReplica` per node, composed by a :class:`GraphIngress`."""
+        bound = {}
+        for name, (stage, _) in self.plan.nodes.items():
+            options = deployment_options(stage, self.num_cpus_per_replica, self.autoscaling.get(name))
+            bound[name] = STAGE_DEPLOYMENT.options(name=name, **options).bind(name, stage.fn, batch_options(stage))
+        order = list(self.plan.order)
+        deps = {name: list(self.plan.nodes[name][1]) for name in order}
+        return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(order, deps, bound)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    def start(self) -> RayServeGraph:
+        """Start Ray, deploy the application, and check that every listener is on loopback."""
+        if ray.is_initialized():
+            raise RuntimeError("Ray is already running in this process; RayServeGraph starts and stops its own")
+        if ray_constants.ENABLE_RAY_CLUSTER:
+            if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":
+                raise LoopbackError("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER is set to enable multi-node clusters, so Ray's "
+                                    "node would listen on the network; unset it to serve on 127.0.0.1 only")
+            # Ray was imported before this module set the variable, and read it then; its node-address
+            # lookup reads this flag on every call, so setting it now has the effect the variable would have had.
+            ray_constants.ENABLE_RAY_CLUSTER = False
+        if not ray.__version__.startswith(TESTED_RAY):
+            raise LoopbackError(f"ray {ray.__version__} is installed; the loopback hook was tested with "
+                                f"{TESTED_RAY}* (requirements.txt pins it)")
+        self._before = set(process_tree())
+        started = time.perf_counter()
+        try:
+            for name in ("ray", "ray.serve"):
+                logging.getLogger(name).setLevel(logging.WARNING)
+            self._init_ray()
+            self.timings["ray_init"] = time.perf_counter() - started
+            serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
+            self._handle = serve.run(self.application(), name=self.app_name, route_prefix=None,
+                                     logging_config={"log_level": "WARNING"})
+            self.timings["deploy"] = time.perf_counter() - started
+            self.check_loopback()
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="ray-serve-graph", daemon=True)
+            self._loop_thread.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _init_ray(self, attempts: int = 2) -> None:
+        # Ray 2.60's raylet waits a fixed 15 s for its dashboard agent (a Python process) to report its ports,
+        # and ray.init a fixed 30 s for the raylet; on a machine busy with other work the agent's start-up can
+        # miss that window and Ray gives up. Then stop what was started, by PID, and try once more.
+        for attempt in range(1, attempts + 1):
+            try:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=False, _node_ip_address="127.0.0.1",
+                         runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+                return
+            except Exception as error:
+                if "timed out during startup" not in str(error) or attempt == attempts:
+                    raise
+                pids = self.started_pids()
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                _stop_processes(pids)
+
+    def started_pids(self) -> list[int]:
+        """The PIDs of every process Ray started for us that is still alive (our descendants since start)."""
+        return [pid for pid in process_tree() if pid not in self._before]
+
+    def listeners(self) -> list[Listener]:
+        """Every listening socket of this process and of every process Ray started."""
+        return listening_sockets([os.getpid(), *self.started_pids()])
+
+    def check_loopback(self) -> list[Listener]:
+        """:meth:`listeners`, raising :class:`LoopbackError` if any is not on loopback."""
+        listeners = self.listeners()
+        exposed = [x for x in listeners if not is_loopback(x.ip)]
+        if exposed:
+            raise LoopbackError(f"listening beyond loopback: {exposed}")
+        return listeners
+
+    def close(self) -> list[int]:
+        """Shut Ray down and wait, by PID, for every process it started; return the PIDs that had to be stopped.
+
+        Safe to call twice, and after a failed start.
+        """
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=5)
+            self._loop.close()
+            self._loop = self._loop_thread = None
+        self._handle = None
+        pids = self.started_pids()
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):  # Serve may be half started after a failed start
+                serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
+            ray.shutdown()  # stops the raylet, the GCS and every worker
+        return _stop_processes(pids)
+
+    def __enter__(self) -> RayServeGraph:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- requests ----------------------------------------------------------------------------------------------
+
+    def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
+        """Send one request; the future gives every node's value, or a NodeError naming the node that failed."""
+        missing = sorted(self.plan.inputs - inputs.keys())
+        if missing:
+            raise MissingInputError(missing)
+        if self._handle is None or self._loop is None:
+            raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
+        response = self._handle.remote(dict(inputs))
+        return asyncio.run_coroutine_threadsafe(self._answer(response), self._loop)
+
+    @staticmethod
+    async def _answer(response: Any) -> dict[str, Any]:
+        result = await response
+        if isinstance(result, _Failed):
+            raise NodeError(result.node, result.error) from result.error
+        return result
+
+    def run(self, inputs: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Send one request and wait for its answer (every node's value)."""
+        return self.submit(inputs).result(timeout=self.timeout if timeout is None else timeout)
+
+    def batch_sizes(self) -> dict[str, dict[int, int]]:
+        """For each batching stage, how many batches of each size its replicas ran (all replicas together)."""
+        if self._loop is None:
+            raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
+        sizes = {}
+        for name, (stage, _) in self.plan.nodes.items():
+            if batch_options(stage) is None:
+                continue
+            handle = serve.get_deployment_handle(name, app_name=self.app_name)
+            total: collections.Counter[int] = collections.Counter()
+            # On our own loop: Serve's sync results() refuses to run where a loop is running (a notebook).
+            replies = asyncio.run_coroutine_threadsafe(handle.broadcast("batch_sizes").results_async(timeout_s=30),
+                                                       self._loop).result(timeout=60)
+            for replica_sizes in replies:
+                total.update(replica_sizes)
+            sizes[name] = dict(sorted(total.items()))
+        return sizes

@@ -1,0 +1,166 @@
+"""The stage graph on Ray Serve: same answers as run_graph, real batches, loopback only, nothing left behind.
+
+One Ray session serves the whole module (starting Ray costs 10-30 s on two cores); the tests that need
+no Ray (options, validation) run first and start nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import psutil
+import pytest
+
+pytest.importorskip("ray")
+
+import ray  # imported before infergraph_lite.ray_serve on purpose: start() keeps Ray on loopback either way
+
+from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, NodeError, run_closed_loop
+from infergraph_lite.examples import text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.execute import run_graph
+from infergraph_lite.policy import AIMD
+from infergraph_lite.ray_serve import (
+    TESTED_RAY,
+    RayServeGraph,
+    autoscaling_config,
+    batch_options,
+    deployment_options,
+    is_loopback,
+)
+from infergraph_lite.stage import Stage
+from tests.proc_sockets import descendants, listening, not_loopback
+
+TEXTS = [
+    "The pasta was delicious and the staff were lovely.",
+    "Terrible battery, the phone died after an hour.",
+    "A gripping novel, I could not put it down.",
+    "",
+]
+BATCHED = ("embed", "topic", "sentiment")
+
+
+def _stages() -> dict:
+    return text_pipeline_stages(options={name: {"max_batch_size": 16, "max_wait": 0.005} for name in BATCHED})
+
+
+# --- no Ray needed ---------------------------------------------------------------------------------------
+
+
+def test_ray_is_the_pinned_release():
+    assert ray.__version__.startswith(TESTED_RAY), "requirements.txt pins ray[serve]==2.60.*: the hook wraps internals"
+
+
+def test_stage_knobs_become_serve_options():
+    stage = Stage(fn=list, max_batch_size=16, max_wait=0.002, replicas=3, max_queue_size=50)
+    assert batch_options(stage) == {"max_batch_size": 16, "batch_wait_timeout_s": 0.002}
+    options = deployment_options(stage, num_cpus=0.2)
+    assert options["num_replicas"] == 3 and options["ray_actor_options"] == {"num_cpus": 0.2}
+    assert options["max_ongoing_requests"] >= 16, "a replica must accept a full batch at once"
+    assert options["max_queued_requests"] == 50
+    assert batch_options(Stage(fn=list)) is None
+    assert batch_options(Stage(fn=list, max_batch_size=None))["max_batch_size"] >= 1024
+
+
+def test_autoscaling_replaces_replicas():
+    config = autoscaling_config(target_ongoing_requests=2, min_replicas=1, max_replicas=4, upscale_delay_s=3)
+    options = deployment_options(Stage(fn=list, replicas=2), 0.1, autoscaling=config)
+    assert "num_replicas" not in options and options["autoscaling_config"]["max_replicas"] == 4
+    with pytest.raises(ValueError, match="target_ongoing_requests"):
+        autoscaling_config(0, 1, 2)
+
+
+def test_loopback_addresses():
+    assert all(map(is_loopback, ["127.0.0.1", "127.0.0.53", "::1", "::ffff:127.0.0.1"]))
+    assert not any(map(is_loopback, ["0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3", "fe80::1%eth0"]))
+
+
+@pytest.mark.parametrize(
+    ("stages", "error"),
+    [
+        ({"a": (Stage(fn=list), ["b"]), "b": (Stage(fn=list), ["a"])}, CycleError),
+        ({"a": (Stage(fn=list), ["nowhere"])}, MissingDependencyError),
+        ({"a": (Stage(service_time=1.0), ["text"])}, InvalidNodeError),  # nothing to serve
+        ({"a": (len, ["text"])}, InvalidNodeError),  # a function, not a Stage
+    ],
+)
+def test_bad_graph_fails_before_ray_starts(stages, error):
+    with pytest.raises(error):
+        RayServeGraph(stages, inputs=("text",))
+    assert not ray.is_initialized()
+
+
+def test_aimd_cap_is_refused_before_ray_starts():
+    with pytest.raises(ValueError, match="AIMD"):
+        RayServeGraph({"a": (Stage(fn=list, max_batch_size=AIMD(1.0)), ["text"])}, inputs=("text",))
+    assert not ray.is_initialized()
+
+
+# --- one Ray session for the rest --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served():
+    graph = RayServeGraph(_stages(), inputs=("text",))
+    with graph:
+        yield graph
+
+
+@pytest.mark.ray
+def test_answers_like_run_graph(served):
+    nodes = text_pipeline(*trained_text_models())
+    for text in TEXTS:
+        expected = run_graph(nodes, {"text": text})
+        got = served.run({"text": text})
+        assert list(got) == list(served.plan.order)
+        for name, value in got.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(value, expected[name])
+            else:
+                assert value == expected[name], name
+
+
+@pytest.mark.ray
+def test_batches_form_under_concurrent_load(served):
+    before = served.batch_sizes()
+    report = run_closed_loop(served, n_clients=8, n_requests=120, make_item=lambda i: {"text": TEXTS[i % 3]},
+                             max_seconds=60)
+    assert report.failed == 0 and len(report.latencies) == 120
+    after = served.batch_sizes()
+    assert set(after) == set(BATCHED), "exactly the stages with max_batch_size > 1 run under @serve.batch"
+    new = {name: {b: n - before.get(name, {}).get(b, 0) for b, n in after[name].items()} for name in BATCHED}
+    assert all(sum(b * n for b, n in sizes.items()) >= 120 for sizes in new.values()), new
+    assert max(b for b, n in new["embed"].items() if n > 0) > 1, f"no batch above one item: {new}"
+    assert all(b <= 16 for sizes in new.values() for b in sizes), "a batch exceeded max_batch_size"
+
+
+@pytest.mark.ray
+def test_every_listener_is_on_loopback(served):
+    # Read from /proc, independently of the module: every process under this one, and this one.
+    entries = listening([os.getpid(), *descendants(os.getpid())])
+    assert not_loopback(entries) == [], "a process we started listens beyond 127.0.0.1"
+    commands = [os.path.basename(command) for _, command, _, _ in entries]
+    # Not vacuous: the core services and every replica (whose gRPC server the hook moves) were seen listening.
+    assert {"gcs_server", "raylet"} <= set(commands), commands
+    replicas = {c for c in commands if c.startswith("ray::ServeReplica")}
+    assert len(replicas) == len(served.plan.nodes) + 1, replicas  # one per stage, plus the ingress
+    # The module's own check agrees.
+    assert {x.port for x in served.check_loopback()} == {port for _, _, _, port in entries}
+
+
+@pytest.mark.ray
+def test_a_failing_node_is_named(served):
+    with pytest.raises(NodeError) as caught:
+        served.run({"text": None})  # tokenize(None) fails
+    assert caught.value.node == "tokenize"
+    assert served.run({"text": TEXTS[0]})["format"], "the server still answers after a failed request"
+
+
+@pytest.mark.ray
+def test_zz_close_leaves_no_process(served):
+    pids = served.started_pids()
+    assert len(pids) >= 10, "Ray's services and one process per replica should have been running"
+    assert served.close() == [], "every process exited on its own after ray.shutdown()"
+    assert not ray.is_initialized()
+    left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert left == []
