@@ -9,20 +9,27 @@
   stationary distribution.  Computed here numerically, not by simulation.
 - Batch means: a confidence interval for the mean of correlated samples, which
   is what the latencies of consecutive requests are.
+- Networks of queues (notebook 06): Erlang C for M/M/c, Jackson's theorem for
+  exponential stations in series, and the two-branch fork-join.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 
 __all__ = [
     "batch_means_interval",
+    "fork_join_mean_latency",
     "greedy_batching_mean_latency",
+    "jackson_tandem_mean_latency",
     "md1_mean_latency",
     "mm1_mean_latency",
+    "mmc_mean_latency",
     "pk_mean_wait",
+    "t_quantile",
 ]
 
 
@@ -99,21 +106,78 @@ def greedy_batching_mean_latency(arrival_rate: float, alpha: float, beta: float,
     return float(pi @ total_per_b / (pi @ requests_per_b))
 
 
-def batch_means_interval(samples: np.ndarray, n_batches: int = 20, z: float = 3.29) -> tuple[float, float]:
+def t_quantile(confidence: float, df: int) -> float:
+    """The two-sided Student-t quantile: ``t`` with ``P(|T| <= t) = confidence`` for ``df`` degrees of freedom.
+
+    Exact for integer ``df``: the t distribution's CDF has a closed form as a
+    finite sum (Abramowitz & Stegun 26.7.3-4), inverted here by bisection, so
+    no statistics library is needed.  With few samples the t quantile is well
+    above the normal one (3.29 for 99.9 %).
+
+    >>> round(t_quantile(0.999, 19), 2)   # 20 batch means: 19 degrees of freedom
+    3.88
+    >>> round(t_quantile(0.95, 1_000_000), 2)   # many degrees of freedom: the normal 1.96
+    1.96
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    if isinstance(df, bool) or not isinstance(df, (int, np.integer)) or df < 1:
+        raise ValueError(f"df must be an integer >= 1, got {df!r}")
+    df = int(df)
+    if df > 1000:  # the sums below get long: Cornish-Fisher's expansion around the normal quantile (A&S 26.7.5)
+        z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+        return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+                + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+    def central(t: float) -> float:  # P(|T| <= t)
+        theta = math.atan(t / math.sqrt(df))
+        c2 = math.cos(theta) ** 2
+        if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ...))
+            term, total = 1.0, 1.0 if df > 1 else 0.0
+            for k in range(1, (df - 1) // 2):
+                term *= c2 * (2 * k) / (2 * k + 1)
+                total += term
+            return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+        term, total = 1.0, 1.0  # even: sin (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...)
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return math.sin(theta) * total
+
+    low, high = 0.0, 1.0
+    while central(high) < confidence:
+        high *= 2
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if central(mid) < confidence else (low, mid)
+        if high - low < 1e-12:
+            break
+    return (low + high) / 2
+
+
+def batch_means_interval(samples: np.ndarray, n_batches: int = 20, confidence: float = 0.999) -> tuple[float, float]:
     """Mean and half-width of a confidence interval by the method of batch means.
 
     Consecutive latencies are correlated, so the naive standard error is too
     small.  Means of ``n_batches`` long consecutive blocks are nearly
-    independent; their spread gives an honest interval.  ``z=3.29`` is 99.9 %.
+    independent; their spread gives an honest interval.  With only
+    ``n_batches`` means the half-width uses Student's t with ``n_batches - 1``
+    degrees of freedom: 3.88 standard errors for 99.9 % with 20 batches (the
+    normal 3.29 would be too narrow).
 
     >>> mean, half = batch_means_interval(np.arange(1000.0))
     >>> mean, half > 0
     (499.5, True)
     """
     samples = np.asarray(samples, dtype=float)
+    if isinstance(n_batches, bool) or not isinstance(n_batches, (int, np.integer)) or n_batches < 2:
+        raise ValueError(f"n_batches must be an integer >= 2, got {n_batches!r}")
+    if len(samples) < n_batches:
+        raise ValueError(f"need at least n_batches={n_batches} samples, got {len(samples)}")
     usable = len(samples) - len(samples) % n_batches
     means = samples[:usable].reshape(n_batches, -1).mean(axis=1)
-    return float(samples.mean()), float(z * means.std(ddof=1) / math.sqrt(n_batches))
+    t = t_quantile(confidence, n_batches - 1)
+    return float(samples.mean()), float(t * means.std(ddof=1) / math.sqrt(n_batches))
 
 
 # --- networks of queues (notebook 06) ------------------------------------------------------------------
@@ -196,5 +260,3 @@ def fork_join_mean_latency(arrival_rate: float, mean_service: float, branches: i
     ratio = harmonic / 1.5
     return (ratio + 4 / 11 * (1 - ratio) * rho) * two
 
-
-__all__ += ["fork_join_mean_latency", "jackson_tandem_mean_latency", "mmc_mean_latency"]

@@ -215,7 +215,45 @@ def test_fewest_replicas_rejects_capacity_only_and_an_off_by_one():
         return r + 1
 
     assert_wrong(checks.check_fewest_replicas(capacity_only), "the tail")
-    assert_wrong(checks.check_fewest_replicas(one_extra))
+    assert_wrong(checks.check_fewest_replicas(one_extra), "the simulation says")
+
+
+def test_fewest_replicas_accepts_a_correct_answer_simulated_with_another_seed():
+    def with_seed(seed):
+        def fewest(rate, service, target):
+            r = 1
+            while rate * service / r >= 1 or simulate_batching(rate, service, replicas=r, n_requests=20_000,
+                                                               seed=seed).percentile(99) > target:
+                r += 1
+            return r
+        return fewest
+
+    for seed in (0, 3, 17):
+        assert checks.check_fewest_replicas(with_seed(seed)).passed
+
+
+def test_fanout_median_accepts_exact_and_sampled_answers_and_rejects_one_calls_median_and_p99():
+    import numpy as np
+
+    def exact(k, load):
+        latencies = simulate_batching(load / 10.0, 10.0, n_requests=100_000, seed=3).latencies
+        return float(np.quantile(latencies, 0.5 ** (1 / k)))
+
+    def sampled(k, load):  # draw k calls per page from one simulated server and take the slowest
+        latencies = simulate_batching(load / 10.0, 10.0, n_requests=100_000, seed=5).latencies
+        pages = np.random.default_rng(1).choice(latencies, (20_000, k)).max(axis=1)
+        return float(np.median(pages))
+
+    def one_call_median(k, load):
+        return float(np.median(simulate_batching(load / 10.0, 10.0, n_requests=50_000).latencies))
+
+    def one_call_p99(k, load):
+        return float(np.percentile(simulate_batching(load / 10.0, 10.0, n_requests=50_000).latencies, 99))
+
+    assert checks.check_fanout_median(exact).passed
+    assert checks.check_fanout_median(sampled).passed
+    assert_wrong(checks.check_fanout_median(one_call_median), "slowest of its calls")
+    assert_wrong(checks.check_fanout_median(one_call_p99), "P(one call <= x) ** k")
 
 
 def test_variability_penalty_rejects_latency_ratio_and_a_constant_guess_of_one():

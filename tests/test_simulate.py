@@ -17,6 +17,7 @@ from infergraph_lite.theory import (
     greedy_batching_mean_latency,
     md1_mean_latency,
     mm1_mean_latency,
+    t_quantile,
 )
 
 
@@ -192,3 +193,44 @@ def test_vectorised_fifo_matches_the_batch_by_batch_loop_on_a_long_run():
     loop = simulate_batching(0.95, lambda b: 1.0, n_requests=50_000, seed=11)  # a callable: the general loop
     np.testing.assert_allclose(fast.finish, loop.finish, rtol=0, atol=1e-8)
     assert fast.throughput == pytest.approx(loop.throughput) and fast.utilization == pytest.approx(loop.utilization)
+
+
+@pytest.mark.parametrize(("confidence", "df", "expected"), [
+    (0.999, 19, 3.883),   # 20 batch means at 99.9 %
+    (0.95, 1, 12.706),    # Cauchy: tan(0.475 pi)
+    (0.95, 2, 4.303),
+    (0.99, 9, 3.250),
+    (0.95, 30, 2.042),
+    (0.999, 120, 3.373),
+    (0.95, 5000, 1.9604),
+])
+def test_t_quantile_matches_the_published_table(confidence, df, expected):
+    assert t_quantile(confidence, df) == pytest.approx(expected, abs=1.5e-3)
+
+
+def test_t_quantile_tends_to_the_normal_quantile_and_refuses_nonsense():
+    assert t_quantile(0.999, 999) > t_quantile(0.999, 1001) > 3.2905
+    with pytest.raises(ValueError, match="confidence"):
+        t_quantile(1.0, 5)
+    with pytest.raises(ValueError, match="df"):
+        t_quantile(0.95, 0)
+
+
+def test_batch_means_interval_uses_t_with_n_batches_minus_one_degrees_of_freedom():
+    rng = np.random.default_rng(3)
+    samples = rng.normal(10.0, 1.0, 2000)
+    mean, half = batch_means_interval(samples, n_batches=20, confidence=0.999)
+    block_means = samples.reshape(20, -1).mean(axis=1)
+    assert mean == pytest.approx(samples.mean())
+    assert half == pytest.approx(3.8834 * block_means.std(ddof=1) / math.sqrt(20), rel=1e-3)
+
+
+def test_batch_means_interval_covers_the_true_mean_about_as_often_as_it_says():
+    # 400 sets of independent normal samples: a 90 % interval from 10 batch means covers 0 in about 90 % of them
+    # (with the normal quantile instead of t it would cover only about 87 %).
+    rng = np.random.default_rng(4)
+    covered = 0
+    for _ in range(400):
+        mean, half = batch_means_interval(rng.normal(0.0, 1.0, 200), n_batches=10, confidence=0.9)
+        covered += abs(mean) <= half
+    assert 0.86 <= covered / 400 <= 0.94
