@@ -96,6 +96,7 @@ def run_plan_parallel(
     max_workers: int | None = None,
     trace: list[TraceEvent] | None = None,
     pool: Executor | None = None,
+    blas_threads: int | None = None,
 ) -> dict[str, Any]:
     """Like :func:`run_plan`, but on a thread pool: each node starts as soon as its dependencies are done.
 
@@ -110,6 +111,13 @@ def run_plan_parallel(
     If a node raises, nothing more is scheduled, the nodes already running are
     waited for, and :class:`NodeError` is raised for the first failure; no
     thread is left behind.
+
+    ``blas_threads`` (needs ``threadpoolctl``) limits the threads each BLAS
+    matrix product may use while the graph runs; ``None`` leaves BLAS as it
+    is.  Workers × BLAS threads ≤ cores keeps numpy nodes from
+    oversubscribing the cores (notebook 03, section 7).  The limit is
+    process-wide for OpenBLAS, so other threads' BLAS calls share it for
+    the duration of the run.
 
     >>> plan = prepare({"a": (lambda: 1, []), "b": (lambda: 2, []), "sum": (lambda a, b: a + b, ["a", "b"])})
     >>> events = []
@@ -141,8 +149,16 @@ def run_plan_parallel(
         finished.put((name, ok, value))
 
     failure: tuple[str, BaseException] | None = None
+    limits: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if blas_threads is not None:
+        if isinstance(blas_threads, bool) or not isinstance(blas_threads, int) or blas_threads < 1:
+            raise ValueError(f"blas_threads must be a positive integer or None, got {blas_threads!r}")
+        from threadpoolctl import threadpool_limits  # only needed by those who ask for a limit
+
+        limits = threadpool_limits(limits=blas_threads, user_api="blas")
     # Our own pool is shut down (threads joined) on the way out; a caller's pool stays theirs.
-    with ThreadPoolExecutor(max_workers, "infergraph") if pool is None else contextlib.nullcontext(pool) as executor:
+    own_pool = ThreadPoolExecutor(max_workers, "infergraph") if pool is None else contextlib.nullcontext(pool)
+    with limits, own_pool as executor:
 
         def submit(name: str) -> None:
             executor.submit(work, name, [results[d] for d in graph[name][1]])

@@ -307,8 +307,9 @@ class StageReplica:
         self.batching = batching
         self.sizes: collections.Counter[int] = collections.Counter()
         if batching is not None:
-            self.run_batch.set_max_batch_size(batching["max_batch_size"])
-            self.run_batch.set_batch_wait_timeout_s(batching["batch_wait_timeout_s"])
+            # @serve.batch wraps run_batch in an object with these setters; its type hints say Callable.
+            self.run_batch.set_max_batch_size(batching["max_batch_size"])  # type: ignore[attr-defined]
+            self.run_batch.set_batch_wait_timeout_s(batching["batch_wait_timeout_s"])  # type: ignore[attr-defined]
 
     def run_items(self, items: list[Any]) -> list[Any]:
         """Call the batch function on ``items`` and check it gave one result per item."""
@@ -440,10 +441,12 @@ class RayServeGraph:
         bound = {}
         for name, (stage, _) in self.plan.nodes.items():
             options = deployment_options(stage, self.num_cpus_per_replica, self.autoscaling.get(name))
-            bound[name] = STAGE_DEPLOYMENT.options(name=name, **options).bind(name, stage.fn, batch_options(stage))
+            bound[name] = STAGE_DEPLOYMENT.options(  # type: ignore[attr-defined]  # a Deployment, typed as a decorator
+                name=name, **options).bind(name, stage.fn, batch_options(stage))
         order = list(self.plan.order)
         deps = {name: list(self.plan.nodes[name][1]) for name in order}
-        return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(order, deps, bound)
+        return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(  # type: ignore[attr-defined]
+            order, deps, bound)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ That each accepts the worked answer is shown by solutions/, whose check cells mu
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from infergraph_lite import checks, critical_path, levels, run_graph, simulate_batching
@@ -26,6 +28,19 @@ def test_feedback_reads_as_one_line():
     assert repr(Feedback("correct", "well done.")) == "Correct: well done."
     assert repr(Feedback("not done", "x")).startswith("Not done yet: ")
     assert repr(Feedback("wrong", "x")).startswith("Not right yet: ")
+
+
+def test_feedback_renders_as_a_coloured_box_per_status_that_wraps_only_between_words():
+    boxes = {status: Feedback(status, "node <b> ran before 'a' & more")._repr_html_()
+             for status in ("correct", "wrong", "not done")}
+    for status, label in [("correct", "Correct"), ("wrong", "Not right yet"), ("not done", "Not done yet")]:
+        assert label in boxes[status]
+        assert "node &lt;b&gt; ran before &#x27;a&#x27; &amp; more" in boxes[status]  # the message is escaped
+        assert "word-break: normal" in boxes[status] and "hyphens: none" in boxes[status]
+    colours = {re.search(r"border-left: 6px solid (#[0-9a-f]{6})", box).group(1) for box in boxes.values()}
+    assert len(colours) == 3  # the three verdicts look different
+    with pytest.raises(ValueError, match="status must be one of"):
+        Feedback("almost", "x")
 
 
 @pytest.mark.parametrize("checker", [c for name, c in vars(checks).items() if name.startswith("check_")])
@@ -169,22 +184,33 @@ def test_run_only_needed_rejects_running_everything_and_running_twice():
 
 
 def test_parallel_speedup_bound_rejects_width_and_inverted_ratio():
-    assert_wrong(checks.check_parallel_speedup_bound(lambda nodes, d: float(max(map(len, levels(nodes))))))
+    # The width of the widest level is a plausible wrong answer (the most workers ever busy at once).
+    assert_wrong(checks.check_parallel_speedup_bound(lambda nodes, d: float(max(map(len, levels(nodes, ["x"]))))),
+                 "sequential time divided by the critical path")
     assert_wrong(checks.check_parallel_speedup_bound(
         lambda nodes, d: critical_path(nodes, d)[1] / sum(d.values())), "divided by")
 
 
-def test_run_levels_parallel_rejects_sequential_and_as_soon_as_possible_executors():
+def test_run_asap_parallel_rejects_sequential_and_level_by_level_executors():
+    from concurrent.futures import ThreadPoolExecutor
+
     from infergraph_lite import run_graph_parallel
 
     def sequential(nodes, inputs, workers):
         return run_graph(nodes, inputs)
 
-    def eager(nodes, inputs, workers):
-        return run_graph_parallel(nodes, inputs, max_workers=workers)
+    def by_levels(nodes, inputs, workers):
+        results = dict(inputs)
+        with ThreadPoolExecutor(workers) as pool:
+            for level in levels(nodes, inputs):
+                futures = {n: pool.submit(nodes[n][0], *[results[d] for d in nodes[n][1]]) for n in level}
+                results.update({n: f.result() for n, f in futures.items()})
+        return results
 
-    assert_wrong(checks.check_run_levels_parallel(sequential), "at the same time")
-    assert_wrong(checks.check_run_levels_parallel(eager), "waits for the whole level")
+    assert_wrong(checks.check_run_asap_parallel(sequential), "ran one after the other", "at the same time")
+    assert_wrong(checks.check_run_asap_parallel(by_levels), "after_fast waited for slow", "level-by-level")
+    assert checks.check_run_asap_parallel(lambda nodes, inputs, workers: run_graph_parallel(nodes, inputs,
+                                                                                            max_workers=workers)).passed
 
 
 def test_best_node_to_speed_up_rejects_the_longest_node_and_the_first_on_the_path():
@@ -195,7 +221,7 @@ def test_best_node_to_speed_up_rejects_the_longest_node_and_the_first_on_the_pat
         return critical_path(nodes, durations)[0][0]
 
     assert_wrong(checks.check_best_node_to_speed_up(longest), "longest node is not always")
-    assert_wrong(checks.check_best_node_to_speed_up(first_on_path))
+    assert_wrong(checks.check_best_node_to_speed_up(first_on_path), "you chose", "a shorter one may sit on every")
 
 
 # --- 04 ------------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -88,4 +90,71 @@ def test_plot_timeline_has_units_rows_and_one_legend_entry_per_thread():
     assert ax.get_xlabel() == "time since the run started (ms)"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["thread 1", "thread 2", "critical path"]
     assert ax.patches[0].get_width() == pytest.approx(10.0)  # 10 ms bar for node a
+    plt.close("all")
+
+
+def _drawn_geometry(ax):
+    """Each edge's polyline and each node's box, read back from what draw_levels drew."""
+    boxes = {p.get_gid()[len("node:"):]: (p.get_x(), p.get_y(), p.get_x() + p.get_width(), p.get_y() + p.get_height())
+             for p in ax.patches if (p.get_gid() or "").startswith("node:")}
+    edges = {tuple(line.get_gid()[len("edge:"):].split("->")): line.get_xydata()
+             for line in ax.lines if (line.get_gid() or "").startswith("edge:")}
+    return boxes, edges
+
+
+def _enters(p, q, box, samples=400):
+    """Whether any of `samples` points along p-q lies strictly inside box (a plain geometric check)."""
+    left, bottom, right, top = box
+    t = np.linspace(0.0, 1.0, samples)
+    x, y = p[0] + t * (q[0] - p[0]), p[1] + t * (q[1] - p[1])
+    eps = 1e-9
+    return bool(np.any((x > left + eps) & (x < right - eps) & (y > bottom + eps) & (y < top - eps)))
+
+
+def _random_layered_dag(seed: int) -> tuple[dict, list[str]]:
+    rng = np.random.default_rng(seed)
+    names: list[str] = []
+    nodes = {}
+    for i in range(14):
+        candidates = [*names, "x", "y"]
+        deps = sorted(set(rng.choice(candidates, size=int(rng.integers(1, 4))).tolist()))
+        nodes[f"n{i}"] = (None, deps)
+        names.append(f"n{i}")
+    return nodes, ["x", "y"]
+
+
+LISTING_SHAPE = {name: (None, deps) for name, (_, deps) in listing_graph(lookup_seconds=0).items()}
+TEXT_SHAPE = {"tokenize": (None, ["text"]), "embed": (None, ["tokenize"]), "topic": (None, ["embed"]),
+              "sentiment": (None, ["embed"]), "merge": (None, ["topic", "sentiment"]), "format": (None, ["merge"])}
+
+
+@pytest.mark.parametrize(("nodes", "inputs"), [
+    (banana_nodes(), ["text"]),
+    (LISTING_SHAPE, ["image_bytes", "title"]),
+    (TEXT_SHAPE, ["text"]),
+    *[_random_layered_dag(seed) for seed in range(6)],
+], ids=["banana", "listing", "text pipeline", *[f"random {seed}" for seed in range(6)]])
+def test_draw_levels_edges_run_from_box_to_box_and_through_no_other_box(nodes, inputs):
+    ax = draw_levels(nodes, inputs)
+    boxes, edges = _drawn_geometry(ax)
+    expected_edges = {(d, name) for name, (_, deps) in nodes.items() for d in deps}
+    assert set(edges) == expected_edges and set(boxes) == set(nodes) | set(inputs)
+    for (u, v), points in edges.items():
+        # Starts on the right side of the source's box, ends (arrowhead) on the left side of the target's.
+        assert points[0][0] == pytest.approx(boxes[u][2]) and boxes[u][1] < points[0][1] < boxes[u][3]
+        assert points[-1][0] == pytest.approx(boxes[v][0]) and boxes[v][1] < points[-1][1] < boxes[v][3]
+        for p, q in itertools.pairwise(points):
+            crossed = [name for name, box in boxes.items() if _enters(p, q, box)]
+            assert not crossed, f"edge {u} -> {v} runs through the box of {crossed}"
+    heads = {p.get_gid() for p in ax.patches if (p.get_gid() or "").startswith("arrowhead:")}
+    assert heads == {f"arrowhead:{u}->{v}" for u, v in expected_edges}
+    plt.close("all")
+
+
+def test_listing_graph_skip_edge_goes_around_safety_model():
+    # The defect that prompted routing: text_embedding -> price_model drawn straight ran through safety_model.
+    boxes, edges = _drawn_geometry(draw_levels(LISTING_SHAPE, ["image_bytes", "title"]))
+    first, last = edges["text_embedding", "price_model"][0], edges["text_embedding", "price_model"][-1]
+    assert _enters(first, last, boxes["safety_model"])  # a straight line would cross it ...
+    assert len(edges["text_embedding", "price_model"]) > 2  # ... so the edge is routed
     plt.close("all")

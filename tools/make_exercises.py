@@ -6,7 +6,7 @@ In a solution notebook:
   bodies, so defining the function still works and the check cell can say "not done yet");
 - a markdown cell tagged ``answer`` (a written answer) becomes an empty answer cell;
 - the line starting ``> **Solutions copy.**`` in the first cell becomes the exercises' version, and a
-  title starting ``# Solutions · `` becomes ``# Exercises · ``.
+  title starting ``# Solutions ·`` becomes ``# Exercises ·``.
 
     python tools/make_exercises.py           # every notebook in solutions/
     python tools/make_exercises.py --check   # exit 1 if exercises/ is out of date (what the test runs)
@@ -65,7 +65,7 @@ def exercise_from(solution: nbformat.NotebookNode, name: str) -> nbformat.Notebo
                 banner = (f"> **Exercises copy.** Stuck? Worked answers: [solutions/{name}](../solutions/{name}). "
                           f"To start over: `git checkout exercises/{name}`.")
                 source = re.sub(r"^> \*\*Solutions copy\.\*\*.*$", banner, source, flags=re.M)
-                source = re.sub(r"^# Solutions · ", "# Exercises · ", source, count=1)  # the solutions' own title
+                source = re.sub(r"^# Solutions · ", "# Exercises · ", source, flags=re.M)
             new = nbformat.v4.new_markdown_cell(source)
         if tags:
             new.metadata["tags"] = tags
