@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import itertools
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from .execute import run_graph
 from .graph import critical_path, levels
 from .simulate import simulate_batching
 from .stage import capacity
+from .triton import TritonConfigError, ensemble_to_graph, parse_pbtxt
 
 __all__ = [
     "Feedback",
@@ -466,63 +466,6 @@ def check_window_tradeoff(window_tradeoff: Callable[[list[float]], dict]) -> str
     return "the trade-off, measured: windows cost latency at low load and barely matter near capacity."
 
 
-_PBTXT_TOKEN = re.compile(r'\s*(?:(#[^\n]*)|("(?:[^"\\]|\\.)*")|([{}\[\]:,])|([^\s{}\[\]:,"#]+))')
-
-
-def parse_pbtxt(text: str) -> dict[str, list[Any]]:
-    """Parse protobuf text format (what Triton's ``config.pbtxt`` is) into ``{field: [values]}``.
-
-    Every field maps to a list, since any field may repeat; messages become dicts.
-
-    >>> parse_pbtxt('name: "e" input [ { name: "T" dims: [ 1 ] } ]')
-    {'name': ['e'], 'input': [{'name': ['T'], 'dims': [1]}]}
-    """
-    tokens = [m.group(2) or m.group(3) or m.group(4) for m in _PBTXT_TOKEN.finditer(text) if not m.group(1)]
-    tokens = [t for t in tokens if t is not None]
-    position = 0
-
-    def scalar(token: str) -> Any:
-        if token.startswith('"'):
-            return token[1:-1].encode().decode("unicode_escape")
-        for kind in (int, float):
-            try:
-                return kind(token)
-            except ValueError:
-                pass
-        return token  # an enum name such as TYPE_STRING
-
-    def value() -> list[Any]:
-        nonlocal position
-        token = tokens[position]
-        position += 1
-        if token == "{":
-            return [message("}")]
-        if token == "[":
-            items = []
-            while tokens[position] != "]":
-                if tokens[position] == ",":
-                    position += 1
-                    continue
-                items += value()
-            position += 1
-            return items
-        return [scalar(token)]
-
-    def message(end: str | None) -> dict[str, list[Any]]:
-        nonlocal position
-        fields: dict[str, list[Any]] = {}
-        while position < len(tokens) and tokens[position] != end:
-            name = tokens[position]
-            position += 1
-            if position < len(tokens) and tokens[position] == ":":
-                position += 1
-            fields.setdefault(name, []).extend(value())
-        position += 1
-        return fields
-
-    return message(None)
-
-
 @_checker
 def check_triton_ensemble(config: str | Callable[[], str]) -> str:
     """Exercise 05.4: a Triton ensemble config for the seed's two-model graph, its data flow checked.
@@ -532,35 +475,16 @@ def check_triton_ensemble(config: str | Callable[[], str]) -> str:
     config_text = config() if callable(config) else config
     if not config_text.strip():
         raise NotImplementedError("write the config.pbtxt of the ensemble as a string")
-    config = parse_pbtxt(config_text)
-    _expect(config.get("platform") == ["ensemble"], 'an ensemble model needs platform: "ensemble"')
-    scheduling = config.get("ensemble_scheduling", [{}])[0]
-    steps = scheduling.get("step", [])
-    _expect(len(steps) >= 3, f"expected steps for pre, two models and combine; found {len(steps)}")
-    available = {i["name"][0] for i in config.get("input", [])}
-    _expect(available, "declare the ensemble's input tensor(s) in input [ ... ]")
-    producers: dict[str, str] = {}
-    pending = list(steps)
-    waves: list[list[str]] = []  # steps that can run at the same time, as Triton would schedule them
-    while pending:  # a step can run once all of its input tensors exist
-        ready = [s for s in pending if all(m["value"][0] in available for m in s.get("input_map", []))]
-        unknown = {m["value"][0] for s in pending for m in s.get("input_map", [])} - available
-        _expect(ready, "some steps read tensors that no step (and no ensemble input) produces: "
-                       + ", ".join(sorted(unknown)))
-        for step in ready:
-            for m in step.get("output_map", []):
-                _expect(m["value"][0] not in producers, f"tensor {m['value'][0]!r} is produced by two steps")
-                producers[m["value"][0]] = step["model_name"][0]
-                available.add(m["value"][0])
-            pending.remove(step)
-        waves.append(sorted(step["model_name"][0] for step in ready))
-    outputs = [o["name"][0] for o in config.get("output", [])]
-    _expect(outputs and all(o in producers for o in outputs), f"ensemble outputs {outputs} must come from a step")
-    parallel = next((wave for wave in waves if len(wave) >= 2), None)
-    order = " -> ".join(wave[0] for wave in waves)
+    try:  # Triton's own schema, then the steps' data flow as a graph (graph.py: missing tensors, cycles)
+        graph = ensemble_to_graph(config_text)
+    except TritonConfigError as err:
+        raise _Wrong(str(err)) from None
+    _expect(len(graph.nodes) >= 3, f"expected steps for pre, two models and combine; found {len(graph.nodes)}")
+    parallel = next((level for level in graph.levels if len(level) >= 2), None)
+    order = " -> ".join(level[0] for level in graph.levels)
     _expect(parallel is not None, f"the steps run strictly one after another ({order}); the two models should "
                                   "both read the preprocessed tensor, so they can run in parallel")
-    return f"a valid ensemble: {len(steps)} steps in {len(waves)} waves; {parallel} run in parallel."
+    return f"a valid ensemble: {len(graph.nodes)} steps in {len(graph.levels)} waves; {parallel} run in parallel."
 
 
 # --- 06 · Serving the whole graph -------------------------------------------------------------------------
@@ -712,3 +636,158 @@ def check_batching_plan(choose_batching: Callable[[float, float], dict[str, tupl
             raise _Wrong(f"at {rate} requests per ms your configuration meets the target with {used} replicas, but "
                          f"{fewest} suffice, e.g. {hint}")
     return "the target met with the fewest replicas at both loads."
+
+
+# --- 07 · Real serving frameworks -----------------------------------------------------------------------
+# (imports local to this section, as in 06)
+
+import json  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from .models import tokenize  # noqa: E402
+from .stage import Stage  # noqa: E402
+from .triton import (  # noqa: E402
+    TritonServer,
+    TritonStartError,
+    run_stages_once,
+    to_model_repository,
+    triton_available,
+)
+
+__all__ += ["banana_stages_for_triton", "check_batching_where_it_pays", "check_ensemble_on_triton", "check_third_model"]
+
+
+def banana_stages_for_triton() -> dict[str, tuple[Stage, list[str]]]:
+    """The seed's graph as batch functions for exercise 07.1; modelA and modelB each take 0.1 s per call.
+
+    The wait makes it measurable whether Triton ran the two models at the same time.  A zero-argument
+    factory, so Triton's model processes can rebuild it (``infergraph_lite.checks:banana_stages_for_triton``).
+    """
+    def slow(count: Callable[[str], int]) -> Callable[[list], list]:
+        def model(batch: list) -> list:
+            time.sleep(BANANA_MODEL_SECONDS)
+            return [count(text) for text in batch]
+        return model
+
+    return {
+        "pre": (Stage(fn=lambda texts: [t.strip().lower() for t in texts], max_batch_size=64), ["text"]),
+        "modelA": (Stage(fn=slow(len), max_batch_size=64), ["pre"]),
+        "modelB": (Stage(fn=slow(lambda s: s.count("a")), max_batch_size=64), ["pre"]),
+        "combine": (Stage(fn=lambda pairs: [{"len": n, "a_count": a} for n, a in pairs], max_batch_size=64),
+                    ["modelA", "modelB"]),
+    }
+
+
+BANANA_MODEL_SECONDS = 0.1
+
+
+@_checker
+def check_ensemble_on_triton(config: str | Callable[[], str]) -> str:
+    """Exercise 07.1 (5.4 for real): the learner's ensemble, loaded into a running Triton and queried.
+
+    The members are the seed's four nodes, generated with the tensor names the ensemble uses.  Checks the
+    answer for two texts and that modelA and modelB ran at the same time (each takes 0.1 s).
+    """
+    config_text = config() if callable(config) else config
+    if not config_text.strip():
+        raise NotImplementedError("write the config.pbtxt of the ensemble as a string")
+    try:
+        graph = ensemble_to_graph(config_text)
+    except TritonConfigError as err:
+        raise _Wrong(str(err)) from None
+    unavailable = triton_available()
+    with tempfile.TemporaryDirectory(prefix="infergraph-check-") as folder:
+        try:
+            to_model_repository(banana_stages_for_triton(), Path(folder), example=BANANA_INPUTS, ensemble=config_text,
+                                factory="infergraph_lite.checks:banana_stages_for_triton")
+        except TritonConfigError as err:
+            raise _Wrong(f"{err} (the models are the seed's pre, modelA, modelB and combine)") from None
+        if unavailable is not None:
+            return f"the ensemble is well formed (waves {graph.levels}); not run, as Triton cannot run here: " + \
+                unavailable
+        try:
+            server = TritonServer(folder, timeout=90).start()
+        except TritonStartError as err:
+            raise _Wrong(f"Triton refused to load it: {err}") from None
+        try:
+            with server.client() as client:
+                client.model = graph.name
+                answers = {}
+                for text in (BANANA_INPUTS["text"], "Alfalfa"):
+                    (value,) = client.infer({"text": text}).values()
+                    answers[text] = json.loads(value) if isinstance(value, str) else value
+                before = client.statistics()
+                started = time.perf_counter()
+                client.infer({"text": "banana split"})
+                one_request = time.perf_counter() - started
+                stats = {name: s - before[name] for name, s in client.statistics().items()}
+        finally:
+            server.stop()
+    _expect(answers[BANANA_INPUTS["text"]] == {"len": 6, "a_count": 3},
+            f"for '  BANANA  ' the ensemble answered {answers[BANANA_INPUTS['text']]!r}, expected "
+            "{'len': 6, 'a_count': 3}")
+    _expect(answers["Alfalfa"] == {"len": 7, "a_count": 3}, f"for 'Alfalfa' it answered {answers['Alfalfa']!r}")
+    branches = stats["modelA"].request_time + stats["modelB"].request_time
+    _expect(one_request < 0.8 * branches, f"one request took {one_request:.2f} s, as long as modelA and modelB "
+                                          f"added up ({branches:.2f} s): they did not run at the same time")
+    return ("Triton loaded your ensemble and answered both texts correctly, and one request took less than modelA "
+            "and modelB added up: they ran in parallel.")
+
+
+def _batching_gain(alpha: float, beta: float, b: int = 16) -> float:
+    # How many times the capacity grows from batches of 1 to batches of b, with s(b) = alpha + beta * b.
+    return b * (alpha + beta) / (alpha + beta * b)
+
+
+@_checker
+def check_batching_where_it_pays(choose_batching: Callable[[dict], dict]) -> str:
+    """Exercise 07.2: dynamic batching on exactly the stages where batches of 16 at least double capacity."""
+    cases = [
+        {"tokenize": (0.0, 0.02), "embed": (0.05, 0.08), "topic": (12.0, 0.2), "sentiment": (12.0, 0.2),
+         "merge": (0.0, 0.01), "format": (0.0, 0.01)},
+        {"decode": (0.2, 0.5), "detector": (8.0, 1.5), "ranker": (3.0, 0.1), "post": (0.01, 0.02)},
+        {"a": (1.0, 1.0), "b": (2.0, 0.5), "c": (0.5, 2.0), "x": (1.1, 1.0), "y": (1.2, 1.0)},
+    ]
+    for profiles in cases:
+        options = choose_batching(dict(profiles))
+        _expect(isinstance(options, dict), f"return a dict {{stage: knobs}}, got {type(options).__name__}")
+        for name, (alpha, beta) in profiles.items():
+            gain = _batching_gain(alpha, beta)
+            knobs = options.get(name, {})
+            size = knobs.get("max_batch_size", 1)
+            if gain >= 2:
+                _expect(isinstance(size, int) and size >= 8,
+                        f"{name} (α={alpha} ms, β={beta} ms): batches of 16 raise its capacity {gain:.1f}x, so turn "
+                        f"batching on (max_batch_size 16), not {size}")
+                _expect(knobs.get("max_wait", 0.0) <= 0.002, f"{name}: keep max_wait at 2 ms or less (in seconds); "
+                                                              f"got {knobs.get('max_wait')}")
+            else:
+                _expect(size == 1, f"{name} (α={alpha} ms, β={beta} ms): batches of 16 raise its capacity only "
+                                   f"{gain:.2f}x; batching there buys waiting, not throughput, so leave it at 1")
+    return "batching is on exactly where one call's fixed cost is worth sharing."
+
+
+@_checker
+def check_third_model(factory: Callable[[], dict]) -> str:
+    """Exercise 07.3: a third model, ``length``, beside topic and sentiment, merged and formatted, served by Triton."""
+    stages = factory()
+    _expect(isinstance(stages, dict) and "length" in stages, "the stage graph has no 'length' node")
+    deps = list(stages["length"][1])
+    _expect(deps == ["tokenize"], f"length should read ['tokenize'] (it counts words), not {deps}")
+    _expect(set(stages["merge"][1]) == {"topic", "sentiment", "length"},
+            f"merge should read topic, sentiment and length, not {list(stages['merge'][1])}")
+    _expect(set(stages) == {"tokenize", "embed", "topic", "sentiment", "merge", "format", "length"},
+            "keep the six nodes of the text pipeline and add only length")
+    for text in ("The pizza was excellent for lunch.", "Awful hotel, never again!"):
+        answer = run_stages_once(stages, {"text": text})["format"]
+        words = len(tokenize(text))
+        _expect(isinstance(answer, str) and answer.endswith(f", {words} words"),
+                f"for {text!r} format said {answer!r}; it should end with ', {words} words'")
+    with tempfile.TemporaryDirectory(prefix="infergraph-check-") as folder:
+        repo = to_model_repository(stages, Path(folder), factory=factory, example={"text": "a b"})
+        graph = ensemble_to_graph(repo.config(repo.ensemble))
+    parallel = next(level for level in graph.levels if "length" in level)
+    _expect(len(parallel) >= 2, "length runs alone in its wave; it should run beside another model")
+    beside = [n for n in parallel if n != "length"]
+    return f"a third model in the ensemble: waves {graph.levels}; length runs beside {beside}."

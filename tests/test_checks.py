@@ -361,9 +361,88 @@ def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_other
                                        'input_map { key: "IN" value: "len" } output_map { key: "OUT" value: "a" }')
     assert_wrong(checks.check_triton_ensemble(sequential), "one after another", "pre -> modelA -> modelB -> combine")
     assert_wrong(checks.check_triton_ensemble(GOOD_ENSEMBLE.replace('platform: "ensemble"', "")), "platform")
+    misspelt = GOOD_ENSEMBLE.replace("max_batch_size: 8", "max_batch_sise: 8")
+    assert_wrong(checks.check_triton_ensemble(misspelt), "model 'banana_ensemble'", "field max_batch_sise")
+    looped = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "TEXT" }', 'input_map { key: "IN" value: "RESULT" }')
+    assert_wrong(checks.check_triton_ensemble(looped), "not a DAG", "cycle")
+
+
+def test_the_pbtxt_reader_lives_in_triton_and_checks_reexports_it():
+    from infergraph_lite import triton
+
+    assert checks.parse_pbtxt is triton.parse_pbtxt
 
 
 def test_pbtxt_parser_reads_repeated_fields_lists_comments_and_escapes():
     parsed = checks.parse_pbtxt('# comment\nname: "a\\"b" dims: [ 1, -1 ] step { x: 1 } step { x: 2.5 } kind: KIND_GPU')
     assert parsed == {"name": ['a"b'], "dims": [1, -1], "step": [{"x": [1]}, {"x": [2.5]}], "kind": ["KIND_GPU"]}
 
+
+
+# --- 07 · Real serving frameworks ---------------------------------------------------------------------------
+
+
+def test_batching_where_it_pays_rejects_batching_everywhere_a_rule_of_thumb_and_milliseconds():
+    def everywhere(profiles):
+        return {name: {"max_batch_size": 16, "max_wait": 0.0} for name in profiles}
+
+    def fixed_cost_dominates(profiles):  # alpha > beta: right nearly always, wrong just above alpha = beta
+        return {n: {"max_batch_size": 16, "max_wait": 0.0} for n, (a, b) in profiles.items() if a > b}
+
+    def window_in_ms(profiles):
+        return {n: {"max_batch_size": 16, "max_wait": 2.0} for n, (a, b) in profiles.items()
+                if 16 * (a + b) / (a + 16 * b) >= 2}
+
+    assert_wrong(checks.check_batching_where_it_pays(everywhere), "tokenize", "leave it at 1")
+    assert_wrong(checks.check_batching_where_it_pays(fixed_cost_dominates), "x (α=1.1 ms", "only 1.96x")
+    assert_wrong(checks.check_batching_where_it_pays(window_in_ms), "in seconds")
+    assert_wrong(checks.check_batching_where_it_pays(lambda profiles: [("topic", 16)]), "return a dict")
+
+
+def _three_models(length_deps=("tokenize",), merge_reads_length=True, format_words=True):
+    import dataclasses
+
+    from infergraph_lite.examples import text_pipeline_stages
+    from infergraph_lite.stage import Stage
+
+    stages = text_pipeline_stages()
+    stages["length"] = (Stage(fn=lambda xs: [{"words": len(x) if isinstance(x, list) else 512} for x in xs]),
+                        list(length_deps))
+    merge, deps = stages["merge"]
+    if merge_reads_length:
+        merged = dataclasses.replace(merge, fn=lambda triples: [
+            {"topic": t, "sentiment": s, "words": n["words"]} for t, s, n in triples])
+        stages["merge"] = (merged, ["topic", "sentiment", "length"])
+    form, deps = stages["format"]
+    if format_words:
+        stages["format"] = (dataclasses.replace(form, fn=lambda merged: [
+            f"{text}, {m.get('words')} words" for text, m in zip(form.fn(merged), merged)]), deps)
+    return stages
+
+
+def test_third_model_checker_accepts_the_answer_and_names_each_wiring_mistake():
+    assert checks.check_third_model(_three_models).passed
+    assert_wrong(checks.check_third_model(lambda: _three_models(length_deps=["embed"])), "should read ['tokenize']")
+    assert_wrong(checks.check_third_model(lambda: _three_models(merge_reads_length=False)),
+                 "merge should read topic, sentiment and length")
+    assert_wrong(checks.check_third_model(lambda: _three_models(format_words=False)), "should end with ', 6 words'")
+
+
+SEQUENTIAL_5_4 = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "a" }',
+                                       'input_map { key: "IN" value: "len" } output_map { key: "OUT" value: "a" }')
+
+
+def test_ensemble_on_triton_names_wiring_that_does_not_match_the_graph_before_starting_a_server():
+    assert_wrong(checks.check_ensemble_on_triton(SEQUENTIAL_5_4), "step 'modelB' reads 'len' from 'modelA'",
+                 "depends on ['pre']")
+    assert_wrong(checks.check_ensemble_on_triton(GOOD_ENSEMBLE.replace('"modelA"', '"model_a"')),
+                 "'model_a', which is not a node of the graph")
+    assert_wrong(checks.check_ensemble_on_triton(GOOD_ENSEMBLE.replace("max_batch_size: 8", "max_batch_sise: 8")),
+                 "field max_batch_sise")
+
+
+@pytest.mark.skipif(checks.triton_available() is not None, reason="no Triton binary on this platform")
+def test_ensemble_on_triton_reports_what_triton_said_when_it_refuses_to_load():
+    wrong_type = GOOD_ENSEMBLE.replace('{ name: "RESULT" data_type: TYPE_STRING',
+                                       '{ name: "RESULT" data_type: TYPE_INT64')
+    assert_wrong(checks.check_ensemble_on_triton(wrong_type), "Triton refused to load it", "banana_ensemble")

@@ -1,0 +1,384 @@
+"""triton.py: a stage graph becomes a Triton repository that the real schema accepts, and a real server answers.
+
+Config tests need only tritonclient (every platform).  Server tests start the ``tritonserver`` binary from
+the nvidia-pytriton wheel (Linux x86_64) on 127.0.0.1 and skip, saying why, where there is no wheel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from infergraph_lite import run_graph
+from infergraph_lite.examples import BANANA_INPUTS, text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.graph import CycleError, MissingDependencyError, levels
+from infergraph_lite.loadtest import run_closed_loop
+from infergraph_lite.stage import Stage
+from infergraph_lite.triton import (
+    TensorType,
+    TritonConfigError,
+    TritonServer,
+    TritonStartError,
+    TritonUnavailableError,
+    add_model_version,
+    ensemble_to_graph,
+    model_config_type_name,
+    parse_model_config,
+    read_repository,
+    tensor_type_of,
+    to_model_repository,
+    triton_available,
+)
+
+TEXT = {"text": "The pizza was excellent for lunch."}
+BATCHING = {"embed": {"max_batch_size": 16, "max_wait": 0.002},
+            "topic": {"max_batch_size": 16, "max_wait": 0.001, "replicas": 2},
+            "sentiment": {"max_batch_size": 16, "max_wait": 0.001}}
+needs_server = pytest.mark.skipif(triton_available() is not None, reason=f"no Triton here: {triton_available()}")
+
+
+def tiny_stages() -> dict:
+    """The seed's banana graph as batch functions (a factory the Triton stubs import from this module)."""
+    return {
+        "pre": (Stage(fn=lambda xs: [x.strip().lower() for x in xs], max_batch_size=4), ["text"]),
+        "modelA": (Stage(fn=lambda xs: [len(x) for x in xs], max_batch_size=4), ["pre"]),
+        "modelB": (Stage(fn=lambda xs: [x.count("a") for x in xs], max_batch_size=4), ["pre"]),
+        "combine": (Stage(fn=lambda xs: [{"len": n, "a_count": a} for n, a in xs], max_batch_size=4),
+                    ["modelA", "modelB"]),
+    }
+
+
+def tiny_stages_v2() -> dict:
+    """Version 2 of the banana graph: combine also says which version answered."""
+    stages = tiny_stages()
+    stages["combine"] = (Stage(fn=lambda xs: [{"len": n, "a_count": a, "v": 2} for n, a in xs], max_batch_size=4),
+                         ["modelA", "modelB"])
+    return stages
+
+
+def failing_stages() -> dict:
+    """A graph whose modelB raises on the word 'boom'."""
+    stages = tiny_stages()
+
+    def model_b(xs: list) -> list:
+        if any("boom" in x for x in xs):
+            raise ValueError("cannot count 'boom'")
+        return [x.count("a") for x in xs]
+
+    stages["modelB"] = (Stage(fn=model_b, max_batch_size=4), ["pre"])
+    return stages
+
+
+def text_stages() -> dict:
+    return text_pipeline_stages(options=BATCHING)
+
+
+def write_text_repository(path: Path):
+    return to_model_repository(text_stages(), path, factory="infergraph_lite.examples:text_pipeline_stages",
+                               example=TEXT, outputs=["format", "topic"],
+                               preferred_batch_size={"sentiment": [8, 16]})
+
+
+# --- configs: the real schema and the graph module, no server ------------------------------------------------
+
+
+def test_generated_configs_parse_with_triton_schema_and_carry_the_stage_knobs(tmp_path):
+    repo = write_text_repository(tmp_path)
+    configs = read_repository(tmp_path)
+    assert sorted(configs) == sorted(repo.models) == sorted([*text_stages(), "pipeline"])
+    embed = configs["embed"]
+    assert (embed.backend, embed.max_batch_size) == ("python", 16)
+    assert embed.dynamic_batching.max_queue_delay_microseconds == 2000
+    kinds = [(g.count, model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)) for g in configs["topic"].instance_group]
+    assert kinds == [(2, "KIND_CPU")]
+    assert list(configs["sentiment"].dynamic_batching.preferred_batch_size) == [8, 16]
+    assert not configs["merge"].HasField("dynamic_batching")  # max_batch_size 1: batching off
+    assert [(t.name, list(t.dims)) for t in embed.output] == [("embed", [512])]
+    assert model_config_type_name(embed.output[0].data_type) == "TYPE_FP64"  # the embedding travels as an array
+    assert "model.py" in {p.name for p in (tmp_path / "embed" / "1").iterdir()}
+
+
+def test_the_ensemble_follows_the_dag(tmp_path):
+    repo = write_text_repository(tmp_path)
+    graph = ensemble_to_graph(repo.config("pipeline"))
+    stages = text_stages()
+    assert graph.levels == levels(stages, ["text"])
+    assert {n: sorted(deps) for n, (_, deps) in graph.nodes.items()} == {n: sorted(d) for n, (_, d) in stages.items()}
+    assert graph.outputs == ["format", "topic"]
+
+
+def test_tensor_types_follow_the_values():
+    assert tensor_type_of(np.zeros(4, np.float32)) == TensorType.array("float32", (4,))
+    assert tensor_type_of(True).data_type == "TYPE_BOOL"
+    assert tensor_type_of(["a", "b"]).encoding == "json"
+    kind = TensorType.scalar("int64")
+    assert kind.decode(kind.encode([3, 4])) == [3, 4]
+    with pytest.raises(TypeError, match="cannot travel"):
+        tensor_type_of(object())
+
+
+@pytest.mark.parametrize(("mistake", "field"), [
+    ("max_batch_sise: 4", "max_batch_sise"),
+    ("instance_group [ { kind: KIND_TPU } ]", "kind"),
+    ('max_batch_size: "four"', "max_batch_size"),
+    ("dynamic_batching { max_queue_delay: 100 }", "max_queue_delay"),
+])
+def test_a_config_the_schema_rejects_names_model_and_field(mistake, field):
+    with pytest.raises(TritonConfigError) as err:
+        parse_model_config(f'name: "embed"\nbackend: "python"\n{mistake}\n')
+    assert (err.value.model, err.value.field) == ("embed", field)
+    assert "embed" in str(err.value) and field in str(err.value)
+
+
+def test_rules_beyond_the_schema_name_model_and_field(tmp_path):
+    write_text_repository(tmp_path)
+    config = tmp_path / "sentiment" / "config.pbtxt"
+    config.write_text(config.read_text().replace("preferred_batch_size: [ 8, 16 ]", "preferred_batch_size: [ 64 ]"))
+    with pytest.raises(TritonConfigError, match="preferred_batch_size") as err:
+        read_repository(tmp_path)
+    assert err.value.model == "sentiment"
+
+
+def test_stage_knobs_triton_cannot_express_are_refused_by_node(tmp_path):
+    stages = tiny_stages()
+    stages["modelA"] = (Stage(fn=stages["modelA"][0].fn, max_batch_size=None), ["pre"])
+    with pytest.raises(TritonConfigError, match="whole number") as err:
+        to_model_repository(stages, tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    assert (err.value.model, err.value.field) == ("modelA", "max_batch_size")
+
+
+ENSEMBLE = """
+name: "banana"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "pre" input_map { key: "IN" value: "TEXT" } output_map { key: "OUT" value: "clean" } },
+  { model_name: "modelA" input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "length" } },
+  { model_name: "modelB" input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "a_count" } },
+  { model_name: "combine" input_map [ { key: "LEN" value: "length" }, { key: "A" value: "a_count" } ]
+    output_map { key: "OUT" value: "RESULT" } }
+] }
+"""
+
+
+def test_an_ensemble_reading_a_tensor_nobody_writes_is_a_missing_dependency():
+    with pytest.raises(TritonConfigError) as err:
+        ensemble_to_graph(ENSEMBLE.replace('value: "a_count" } ]', 'value: "a_cnt" } ]'))
+    assert isinstance(err.value.__cause__, MissingDependencyError)
+    assert err.value.model == "banana" and err.value.field == "ensemble_scheduling.step[3].input_map['A']"
+    assert "'a_cnt'" in str(err.value) and "'combine'" in str(err.value)
+
+
+def test_an_ensemble_whose_steps_feed_each_other_is_a_cycle():
+    cyclic = ENSEMBLE.replace('key: "IN" value: "clean" } output_map { key: "OUT" value: "length"',
+                              'key: "IN" value: "RESULT" } output_map { key: "OUT" value: "length"')
+    with pytest.raises(TritonConfigError, match="not a DAG") as err:
+        ensemble_to_graph(cyclic)
+    assert isinstance(err.value.__cause__, CycleError)
+    assert err.value.__cause__.cycle == ["combine", "modelA"]
+
+
+def test_a_hand_written_ensemble_wires_the_members_tensor_names(tmp_path):
+    repo = to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages",
+                               example=BANANA_INPUTS, ensemble=ENSEMBLE)
+    configs = read_repository(tmp_path)
+    assert repo.ensemble == "banana" and list(repo.inputs) == ["TEXT"]
+    assert [t.name for t in configs["combine"].input] == ["LEN", "A"]  # in the order of combine's dependencies
+    wrong = ENSEMBLE.replace('key: "LEN" value: "length"', 'key: "LEN" value: "clean"')
+    with pytest.raises(TritonConfigError, match="depends on") as err:
+        to_model_repository(tiny_stages(), tmp_path / "x", factory="tests.test_triton:tiny_stages",
+                            example=BANANA_INPUTS, ensemble=wrong)
+    assert err.value.field == "ensemble_scheduling.step[3].input_map['LEN']"
+
+
+def test_a_platform_without_the_wheel_gets_a_clear_error(monkeypatch, tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(TritonUnavailableError, match="container"):
+        TritonServer(tmp_path).start()
+
+
+def test_a_missing_binary_gets_a_clear_error_and_starts_nothing(monkeypatch, tmp_path):
+    import infergraph_lite.triton as triton
+
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(triton.os, "uname", lambda: type("U", (), {"machine": "x86_64"})())
+    monkeypatch.setattr(triton.importlib.util, "find_spec", lambda name: None)
+    before = own_processes()
+    with pytest.raises(TritonUnavailableError, match="nvidia-pytriton is not installed"):
+        TritonServer(tmp_path).start()
+    assert own_processes() <= before
+
+
+# --- a real server ---------------------------------------------------------------------------------------------
+
+
+def own_processes() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.fixture(scope="module")
+def text_server(tmp_path_factory):
+    if triton_available() is not None:
+        pytest.skip(f"no Triton here: {triton_available()}")
+    repo = write_text_repository(tmp_path_factory.mktemp("text-repo"))
+    with TritonServer(repo) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def text_client(text_server):
+    with text_server.client() as client:
+        yield client
+
+
+@needs_server
+def test_the_served_graph_answers_as_run_graph_does(text_client):
+    expected = run_graph(text_pipeline(*trained_text_models()), TEXT)
+    answer = text_client.infer(TEXT)
+    assert answer["format"] == expected["format"]
+    assert answer["topic"] == expected["topic"]
+
+
+@needs_server
+def test_submit_gives_futures_and_statistics_give_the_real_batches(text_client):
+    before = text_client.statistics()
+    texts = [f"the match was great, goal number {i}" for i in range(48)]
+    report = run_closed_loop(text_client, n_clients=8, n_requests=len(texts), make_item=lambda i: {"text": texts[i]})
+    assert len(report.latencies) == 48 and report.failed == 0
+    expected = run_graph(text_pipeline(*trained_text_models()), {"text": texts[5]})["format"]
+    assert text_client.submit({"text": texts[5]}).result(timeout=30)["format"] == expected
+    after = text_client.statistics()
+    for name in ("embed", "topic", "merge"):
+        delta = after[name] - before[name]
+        assert delta.requests == 49
+        assert sum(b * n for b, n in delta.batch_sizes.items()) == delta.inferences == 49
+        assert delta.executions == sum(delta.batch_sizes.values())
+    assert max(after["merge"].batch_sizes) == 1  # batching off there
+    assert max(after["embed"].batch_sizes) <= 16
+    times = (after["embed"] - before["embed"]).stage_times()
+    assert times.queue >= 0 and times.compute > 0
+
+
+@needs_server
+def test_every_listening_socket_of_the_server_is_loopback(text_server):
+    server = psutil.Process(text_server.pid)
+    family = [server, *server.children(recursive=True)]
+    listening = [(p.pid, c.laddr) for p in family for c in p.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert {port for _, (_, port) in listening} >= {text_server.http_port, text_server.grpc_port,
+                                                    text_server.metrics_port}
+    for pid, (address, port) in listening:
+        ip = ipaddress.ip_address(address)
+        ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is IPv4's loopback, seen from IPv6
+        assert ip.is_loopback, f"process {pid} ({psutil.Process(pid).name()}) listens on {address}:{port}"
+
+
+@needs_server
+def test_a_node_that_raises_answers_with_an_error_naming_it(tmp_path):
+    repo = to_model_repository(failing_stages(), tmp_path, factory="tests.test_triton:failing_stages",
+                               example=BANANA_INPUTS)
+    with TritonServer(repo) as server, server.client() as client:
+        assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3}
+        with pytest.raises(RuntimeError, match=r"modelB.*cannot count 'boom'"):
+            client.submit({"text": "boom"}).result(timeout=30)
+
+
+@needs_server
+def test_stopping_leaves_no_process_also_when_the_block_raises(tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    with pytest.raises(KeyError), TritonServer(tmp_path) as server:
+        family = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
+        assert len(family) >= 5  # the server and a Python stub per model
+        raise KeyError("the cell failed")
+    assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert server.pid is None
+
+
+def test_a_factory_that_cannot_rebuild_the_graph_is_refused_before_any_server(tmp_path):
+    with pytest.raises(TritonConfigError, match="no_such_factory") as err:
+        to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:no_such_factory",
+                            example=BANANA_INPUTS)
+    assert err.value.field == "factory"
+    with pytest.raises(TritonConfigError, match="does not rebuild node 'pre'"):
+        to_model_repository(tiny_stages(), tmp_path, factory="infergraph_lite.examples:text_pipeline_stages",
+                            example=BANANA_INPUTS)
+
+
+@needs_server
+def test_a_model_that_cannot_load_fails_fast_with_its_name_and_no_process(tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    (tmp_path / "modelA" / "1" / "model.py").write_text("raise RuntimeError('the weights are corrupt')\n")
+    before = own_processes()
+    with pytest.raises(TritonStartError, match=r"model 'modelA' failed to load.*the weights are corrupt"):
+        TritonServer(tmp_path, timeout=60).start()
+    assert own_processes() <= before
+
+
+def test_a_bad_config_fails_before_any_process_starts(tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    config = tmp_path / "modelB" / "config.pbtxt"
+    config.write_text(config.read_text().replace("kind: KIND_CPU", "kind: KIND_CPUS"))
+    before = own_processes()
+    with pytest.raises(TritonConfigError) as err:
+        TritonServer(tmp_path).start()
+    assert (err.value.model, err.value.field) == ("modelB", "kind")
+    assert own_processes() <= before
+
+
+@needs_server
+def test_a_taken_port_is_named_and_leaves_no_process(tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        free = [s.getsockname()[1] for s in [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]]
+        before = own_processes()
+        with pytest.raises(TritonStartError, match=rf"port.*{port}|{port}.*port"):
+            TritonServer(tmp_path, ports=[port, *free], timeout=60).start()
+    assert own_processes() <= before
+
+
+@needs_server
+def test_a_new_version_takes_the_traffic_when_loaded(tmp_path):
+    repo = to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages",
+                               example=BANANA_INPUTS)
+    with TritonServer(repo, model_control="explicit") as server, server.client() as client:
+        assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3}
+        add_model_version(repo, "combine", 2, "tests.test_triton:tiny_stages_v2")
+        assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3}  # not loaded yet
+        client.load("combine")
+        assert client.ready_versions("combine") == ["2"]
+        assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3, "v": 2}
+
+
+
+def test_a_ctrl_c_while_stopping_still_kills_the_server(monkeypatch):
+    import subprocess
+
+    import infergraph_lite.triton as triton
+
+    stubborn = subprocess.Popen(["bash", "-c", "trap '' INT; sleep 60"], start_new_session=True)
+    real_wait, calls = stubborn.wait, []
+
+    def interrupted_wait(timeout=None):
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the learner presses Ctrl-C while the server shuts down
+        return real_wait(timeout)
+
+    monkeypatch.setattr(stubborn, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        triton._stop_process_group(stubborn, grace=5.0)
+    assert stubborn.poll() is not None
