@@ -24,10 +24,9 @@ graph an input whose *value* is a string equal to some key name would be read as
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import itertools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psutil
@@ -35,6 +34,7 @@ from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
 from .graph import Graph, InvalidNodeError, Plan, prepare
+from .processes import stop_processes
 from .stage import Stage
 
 __all__ = ["DaskGraphCluster", "run_dask", "stage_item", "to_dask_graph"]
@@ -220,7 +220,7 @@ class DaskGraphCluster:
         if self.cluster is not None:
             self.cluster.close()
             self.cluster = None
-        return _wait_or_stop(pids)
+        return stop_processes(pids)
 
     def __enter__(self) -> DaskGraphCluster:
         return self.start()
@@ -234,23 +234,3 @@ def _is_resource_tracker(process: psutil.Process) -> bool:
         return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
     except psutil.Error:
         return False
-
-
-def _wait_or_stop(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    # Every process we started should be gone; SIGTERM then SIGKILL any that is not, by PID.
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, still = psutil.wait_procs(alive, timeout=3.0)
-    for p in still:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    return [p.pid for p in alive]
-

@@ -47,16 +47,14 @@ import asyncio  # noqa: E402 - after the environment above, on purpose
 import collections  # noqa: E402
 import concurrent.futures  # noqa: E402
 import contextlib  # noqa: E402
-import ipaddress  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, NamedTuple  # noqa: E402
+from typing import Any  # noqa: E402
 
-import psutil  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
@@ -64,6 +62,7 @@ from ray._private import ray_constants  # noqa: E402
 from .execute import NodeError  # noqa: E402
 from .graph import MissingInputError, Plan  # noqa: E402
 from .policy import AIMD  # noqa: E402
+from .processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
 from .stage import Stage, prepare_stages  # noqa: E402
 
 __all__ = [
@@ -94,93 +93,6 @@ UNCAPPED_BATCH = 1024  # Serve needs a number; the package's max_batch_size=None
 
 class LoopbackError(RuntimeError):
     """A process we started listens on an address other than loopback (or loopback could not be ensured)."""
-
-
-# --- processes and their listening sockets -------------------------------------------------------------
-
-
-class Listener(NamedTuple):
-    """One listening TCP socket: which process holds it, and where it listens."""
-
-    pid: int
-    process: str
-    ip: str
-    port: int
-
-
-def is_loopback(ip: str) -> bool:
-    """Whether ``ip`` only accepts connections from this machine (IPv4 127/8, ``::1``, or IPv4-mapped 127/8).
-
-    >>> is_loopback("127.0.0.1"), is_loopback("::ffff:127.0.0.1"), is_loopback("::1")
-    (True, True, True)
-    >>> is_loopback("0.0.0.0"), is_loopback("::"), is_loopback("192.0.2.2")
-    (False, False, False)
-    """
-    address = ipaddress.ip_address(ip.split("%", 1)[0])
-    mapped = getattr(address, "ipv4_mapped", None)
-    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
-
-
-def process_tree(pid: int | None = None) -> list[int]:
-    """The PIDs of every living descendant of ``pid`` (default: this process), children first.
-
-    >>> import subprocess, sys
-    >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    >>> child.pid in process_tree()
-    True
-    >>> child.kill(); child.wait()
-    -9
-    """
-    root = psutil.Process(os.getpid() if pid is None else pid)
-    return [p.pid for p in root.children(recursive=True)]
-
-
-def listening_sockets(pids: Iterable[int]) -> list[Listener]:
-    """Every listening TCP socket (IPv4 and IPv6) held by the processes ``pids``; gone processes are skipped.
-
-    >>> import socket
-    >>> s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
-    >>> port = s.getsockname()[1]
-    >>> [(l.ip, l.port == port) for l in listening_sockets([os.getpid()]) if l.port == port]
-    [('127.0.0.1', True)]
-    >>> s.close()
-    """
-    found = []
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            name = process.name()
-            connections = process.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-        for c in connections:
-            if c.status == psutil.CONN_LISTEN:
-                found.append(Listener(pid, name, c.laddr.ip, c.laddr.port))
-    return sorted(found, key=lambda x: (x.pid, x.port))
-
-
-def _stop_processes(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    # Wait for the processes we started to exit; SIGTERM, then SIGKILL, whatever is still there, by PID.
-    # Returns the PIDs that had to be stopped this way.
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, still = psutil.wait_procs(alive, timeout=3.0)
-    for p in still:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(still, timeout=3.0)
-    return [p.pid for p in alive]
-
-
-# --- loopback for Serve replicas --------------------------------------------------------------------------
 
 
 def keep_replica_grpc_on_loopback() -> None:
@@ -500,7 +412,7 @@ class RayServeGraph:
                 pids = self.started_pids()
                 with contextlib.suppress(Exception):
                     ray.shutdown()
-                _stop_processes(pids)
+                stop_processes(pids)
 
     def started_pids(self) -> list[int]:
         """The PIDs of every process Ray started for us that is still alive (our descendants since start)."""
@@ -535,7 +447,7 @@ class RayServeGraph:
             with contextlib.suppress(Exception):  # Serve may be half started after a failed start
                 serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
             ray.shutdown()  # stops the raylet, the GCS and every worker
-        return _stop_processes(pids)
+        return stop_processes(pids)
 
     def __enter__(self) -> RayServeGraph:
         return self.start()
