@@ -74,3 +74,11 @@ def test_readme_lists_every_lesson_notebook():
     for path in NOTEBOOKS:
         if path.parent.name == "notebooks":
             assert f"notebooks/{path.name}" in readme, f"README's notebook table is missing {path.name}"
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.parent.name in ("exercises", "solutions")],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_solutions_and_exercises_cannot_be_mistaken_for_each_other(path: Path):
+    first = "".join(json.loads(path.read_text(encoding="utf-8"))["cells"][0]["source"])
+    title = "# Solutions · " if path.parent.name == "solutions" else "# Exercises · "
+    assert first.startswith(title), f"the first line should start with {title!r}, not {first.splitlines()[0]!r}"
