@@ -1,4 +1,5 @@
-"""The whole `make test` run, timed (target, issue 5: under 5 minutes on 2 cores).
+"""The whole `make test` run, timed (target, issue 11: the fresh-clone bootstrap plus `make test` under
+10 minutes on 2 cores; the suite alone gets 8 of them).
 
 The virtual environment is already built when `make bench` runs this, so what is timed is the suite
 itself: unit, property, hygiene and lint tests, and nbval re-running every notebook.
@@ -25,7 +26,7 @@ def main() -> None:
     if result.returncode != 0:
         raise SystemExit(f"make test failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     table(f"Test suite ({machine()})", ["measure", "value", "target", "verdict"],
-          [["make test, seconds", seconds, "< 300", verdict(seconds, 300, "lower")], ["pytest says", summary, "", ""]])
+          [["make test, seconds", seconds, "< 480", verdict(seconds, 480, "lower")], ["pytest says", summary, "", ""]])
 
 
 if __name__ == "__main__":
