@@ -979,6 +979,14 @@ def _stop_process_group(process: subprocess.Popen, grace: float) -> None:
     # SIGINT (Triton's clean shutdown), then SIGTERM, then SIGKILL, by the server's own PID; then anything
     # left in its process group (its Python stubs), whose id is that same PID.  A Ctrl-C while waiting
     # (a learner interrupting the kernel) skips to SIGKILL, so the server never outlives the interruption.
+    import psutil
+
+    from .processes import stop_processes
+
+    try:  # the model stubs, remembered now: once the server is gone they are nobody's children
+        stubs = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
+    except psutil.Error:
+        stubs = []
     interrupted: BaseException | None = None
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
         if process.poll() is not None:
@@ -997,6 +1005,7 @@ def _stop_process_group(process: subprocess.Popen, grace: float) -> None:
             break
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    stop_processes(stubs, timeout=5.0)  # wait until every stub is really gone (SIGKILL is not instant)
     if interrupted is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(5.0)  # reap it
