@@ -37,13 +37,14 @@ TEXTS = ["the match was great", "awful hotel, never again", "my new laptop is fa
 REQUESTS = [{"text": f"{TEXTS[i % 4]} ({i})"} for i in range(800)]
 
 
-def accelerator_stages() -> dict[str, Any]:
+def accelerator_stages() -> dict:
     """Notebook 07's graph: the text pipeline, topic and sentiment accelerator-like and batching (16, no wait).
 
     Copied into Triton's model repository as source, so it imports what it needs in its body.
     """
     import dataclasses
     import time
+    from typing import Any  # noqa: F401 - the copy in the repository has no `from __future__ import annotations`
 
     from infergraph_lite.examples import text_pipeline_stages
 
@@ -119,20 +120,22 @@ def main() -> None:
                          r.failed])
     best = {e: max((rate for rate, r in reports.items() if not r.failed and r.percentile(99) <= P99_TARGET),
                    default=0) for e, reports in results.items()}
-    common = min(best.values())
     table(f"The same graph, requests and open-loop loads on three engines ({machine()})",
           ["engine", "offered req/s", "served req/s", "mean ms", "p50 ms", "p99 ms", "failed"], rows)
 
-    base = results["GraphServer"]
+    def served_within(engine: str) -> float:
+        return results[engine][best[engine]].throughput if best[engine] else 0.0
+
+    light = RATES[0]  # every sweep starts here, so every engine has it
+    base = results["GraphServer"][light]
     targets: list[list[Any]] = []
     for engine in ("Triton", "Ray Serve"):
-        targets.append([f"{engine}: highest load with p99 <= 100 ms / GraphServer's",
-                        best[engine] / best["GraphServer"] if best["GraphServer"] else float("nan"), "(recorded)", ""])
-        if common:
-            targets.append([f"{engine}: p50 at {common} req/s / GraphServer's",
-                            results[engine][common].percentile(50) / base[common].percentile(50), "(recorded)", ""])
-    targets.append(["every engine served the lightest load within the p99 target", float(common > 0), "1",
-                    verdict(float(common > 0), 1, "higher")])
+        targets.append([f"{engine}: served req/s at its highest load with p99 <= 100 ms / GraphServer's",
+                        served_within(engine) / served_within("GraphServer") if best["GraphServer"] else float("nan"),
+                        "(recorded)", ""])
+        for q in (50, 99):
+            targets.append([f"{engine}: p{q} at {light} req/s / GraphServer's",
+                            results[engine][light].percentile(q) / base.percentile(q), "(recorded)", ""])
     listeners = triton_listeners + ray_listeners
     targets.append(["listeners not on 127.0.0.1 (Triton, Ray)", sum(not is_loopback(x.ip) for x in listeners), "0",
                     verdict(sum(not is_loopback(x.ip) for x in listeners), 0, "lower")])
@@ -141,7 +144,7 @@ def main() -> None:
     table("Targets", ["measure", "value", "target", "verdict"], targets)
     for engine, reports in results.items():
         print(f"info: {engine}: started in {started[engine]:.1f} s; highest load within the p99 target "
-              f"{best[engine]} req/s; the sweep stopped at {max(reports)} req/s")
+              f"{f'{best[engine]} req/s' if best[engine] else 'none'}; the sweep stopped at {max(reports)} req/s")
 
 
 if __name__ == "__main__":
