@@ -1199,7 +1199,9 @@ class TritonServer:
 class ModelStats:
     """One model's counters from Triton's statistics API (since load, or a difference of two readings).
 
-    ``batch_sizes`` is the histogram Triton's dynamic batcher produced: batch size -> executions.
+    ``batch_sizes`` is the histogram Triton's dynamic batcher produced: batch size -> executions;
+    ``batch_compute`` the compute seconds (input + infer + output) those executions took, per batch size,
+    so ``batch_compute[b] / batch_sizes[b]`` is the mean time of one call with a batch of ``b``.
     Times are totals in seconds; the ``mean_*`` properties divide by the request count.
     """
 
@@ -1211,6 +1213,7 @@ class ModelStats:
     queue_time: float = 0.0
     compute_time: float = 0.0  # input + infer + output
     batch_sizes: dict[int, int] = field(default_factory=dict)
+    batch_compute: dict[int, float] = field(default_factory=dict)  # batch size -> compute seconds of its executions
 
     @property
     def mean_latency(self) -> float:
@@ -1229,12 +1232,23 @@ class ModelStats:
         total = sum(self.batch_sizes.values())
         return sum(b * n for b, n in self.batch_sizes.items()) / total if total else float("nan")
 
+    @property
+    def call_seconds(self) -> dict[int, float]:
+        """Mean compute seconds of one call (one execution), per batch size: the measured s(b).
+
+        >>> ModelStats("m", batch_sizes={1: 4, 8: 2}, batch_compute={1: 0.04, 8: 0.05}).call_seconds
+        {1: 0.01, 8: 0.025}
+        """
+        return {b: self.batch_compute.get(b, 0.0) / n for b, n in self.batch_sizes.items() if n}
+
     def __sub__(self, earlier: ModelStats) -> ModelStats:
         sizes = {b: n - earlier.batch_sizes.get(b, 0) for b, n in self.batch_sizes.items()}
+        compute = {b: t - earlier.batch_compute.get(b, 0.0) for b, t in self.batch_compute.items()}
         return ModelStats(self.name, self.requests - earlier.requests, self.inferences - earlier.inferences,
                           self.executions - earlier.executions, self.request_time - earlier.request_time,
                           self.queue_time - earlier.queue_time, self.compute_time - earlier.compute_time,
-                          {b: n for b, n in sorted(sizes.items()) if n})
+                          {b: n for b, n in sorted(sizes.items()) if n},
+                          {b: compute.get(b, 0.0) for b, n in sorted(sizes.items()) if n})
 
     def stage_times(self) -> StageTimes:
         """Per request queue and compute seconds and the mean batch, as :class:`~infergraph_lite.loadtest.LoadReport`
@@ -1251,20 +1265,28 @@ class ModelStats:
 
         sizes = {int(b["batch_size"]): int(b.get("compute_infer", {}).get("count", 0))
                  for b in stats.get("batch_stats", [])}
+        compute = {int(b["batch_size"]): sum(int(b.get(part, {}).get("ns", 0))
+                                             for part in ("compute_input", "compute_infer", "compute_output")) / 1e9
+                   for b in stats.get("batch_stats", [])}
         return cls(stats["name"], int(inference.get("success", {}).get("count", 0)),
                    int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0)), seconds("success"),
                    seconds("queue"), seconds("compute_input") + seconds("compute_infer") + seconds("compute_output"),
-                   {b: n for b, n in sorted(sizes.items()) if n})
+                   {b: n for b, n in sorted(sizes.items()) if n},
+                   {b: compute[b] for b, n in sorted(sizes.items()) if n})
 
 
 def _sum_stats(name: str, parts: Sequence[ModelStats]) -> ModelStats:
     sizes: dict[int, int] = {}
+    compute: dict[int, float] = {}
     for p in parts:
         for b, n in p.batch_sizes.items():
             sizes[b] = sizes.get(b, 0) + n
+        for b, t in p.batch_compute.items():
+            compute[b] = compute.get(b, 0.0) + t
     return ModelStats(name, sum(p.requests for p in parts), sum(p.inferences for p in parts),
                       sum(p.executions for p in parts), sum(p.request_time for p in parts),
-                      sum(p.queue_time for p in parts), sum(p.compute_time for p in parts), dict(sorted(sizes.items())))
+                      sum(p.queue_time for p in parts), sum(p.compute_time for p in parts), dict(sorted(sizes.items())),
+                      {b: compute.get(b, 0.0) for b in sorted(sizes)})
 
 
 class TritonClient:
