@@ -39,8 +39,40 @@ class UnstableLoadError(ValueError):
     """Requests arrive faster than the servers can possibly serve them: the queue grows without bound."""
 
 
+class _PerRequestTimes:
+    # What BatchingResult and StageStats share: per-request arrival, start and finish arrays, and the
+    # size of the batch each request rode in.  (Frozen dataclasses below supply the fields.)
+    arrival: np.ndarray
+    start: np.ndarray
+    finish: np.ndarray
+    batch_size: np.ndarray
+
+    @property
+    def latencies(self) -> np.ndarray:
+        """Arrival to finish: queue plus service."""
+        return self.finish - self.arrival
+
+    @property
+    def queue_times(self) -> np.ndarray:
+        """Time from arrival until the request's batch started."""
+        return self.start - self.arrival
+
+    @property
+    def service_times(self) -> np.ndarray:
+        return self.finish - self.start
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Mean size per *batch* (not per request, which would weight big batches more)."""
+        return float(len(self.batch_size) / np.sum(1.0 / self.batch_size))
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile of latency, q in [0, 100] (``percentile(99)`` is p99)."""
+        return float(np.percentile(self.latencies, q))
+
+
 @dataclass(frozen=True)
-class BatchingResult:
+class BatchingResult(_PerRequestTimes):
     """Per-request times of a simulated run (warm-up already removed) and their summaries.
 
     The per-request arrays are aligned, one entry per measured request, in
@@ -64,30 +96,8 @@ class BatchingResult:
     batches_cap: np.ndarray    # per batch: the cap when it formed (-1: no cap)
 
     @property
-    def latencies(self) -> np.ndarray:
-        return self.finish - self.arrival
-
-    @property
-    def queue_times(self) -> np.ndarray:
-        """Time from arrival until the request's batch started."""
-        return self.start - self.arrival
-
-    @property
-    def service_times(self) -> np.ndarray:
-        return self.finish - self.start
-
-    @property
     def mean_latency(self) -> float:
         return float(self.latencies.mean())
-
-    @property
-    def mean_batch_size(self) -> float:
-        """Mean size per *batch* (not per request, which would weight big batches more)."""
-        return float(len(self.batch_size) / np.sum(1.0 / self.batch_size))
-
-    def percentile(self, q: float) -> float:
-        """The q-th percentile of latency, q in [0, 100] (``percentile(99)`` is p99)."""
-        return float(np.percentile(self.latencies, q))
 
 
 def simulate_batching(
@@ -273,7 +283,7 @@ def _batch_by_batch(
 
 
 @dataclass(frozen=True)
-class StageStats:
+class StageStats(_PerRequestTimes):
     """One stage of a simulated graph: per-request times and their summaries.
 
     The per-request arrays hold the measured requests (warm-up removed) in
@@ -298,19 +308,6 @@ class StageStats:
     batches_end: np.ndarray
 
     @property
-    def latencies(self) -> np.ndarray:
-        """Time from reaching this stage to leaving it: queue plus service."""
-        return self.finish - self.arrival
-
-    @property
-    def queue_times(self) -> np.ndarray:
-        return self.start - self.arrival
-
-    @property
-    def service_times(self) -> np.ndarray:
-        return self.finish - self.start
-
-    @property
     def mean_wait(self) -> float:
         """Mean time a request waited in this stage's queue (including a batch window)."""
         return float(self.queue_times.mean())
@@ -319,15 +316,6 @@ class StageStats:
     def mean_service(self) -> float:
         """Mean service time of the batch a request rode in."""
         return float(self.service_times.mean())
-
-    @property
-    def mean_batch_size(self) -> float:
-        """Mean size per *batch* among the measured requests' batches (as :class:`BatchingResult`)."""
-        return float(len(self.batch_size) / np.sum(1.0 / self.batch_size))
-
-    def percentile(self, q: float) -> float:
-        """The q-th percentile of this stage's latency (queue plus service)."""
-        return float(np.percentile(self.latencies, q))
 
 
 @dataclass(frozen=True)
