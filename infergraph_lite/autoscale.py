@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .policy import check_count, check_number
-from .simulate import check_arrivals
+from .simulate import LatencySummary, check_arrivals
 from .stage import Exponential, Stage, service_time_fn
 
 __all__ = ["AutoscaleResult", "Autoscaler", "simulate_autoscaling", "step_arrivals"]
@@ -96,7 +96,7 @@ class Autoscaler:
 
 
 @dataclass(frozen=True)
-class AutoscaleResult:
+class AutoscaleResult(LatencySummary):
     """Per-request times of an autoscaled (or fixed) run, and the controller's record."""
 
     arrival: np.ndarray
@@ -106,17 +106,6 @@ class AutoscaleResult:
     replicas: np.ndarray        # replicas it had ordered after each run (the fleet size in force from then)
     ongoing: np.ndarray         # ongoing requests it saw at each run
     replica_time: float         # replicas x time, summed from the first arrival to the last finish
-
-    @property
-    def latencies(self) -> np.ndarray:
-        return self.finish - self.arrival
-
-    @property
-    def mean_latency(self) -> float:
-        return float(self.latencies.mean())
-
-    def percentile(self, q: float) -> float:
-        return float(np.percentile(self.latencies, q))
 
     def percentile_over_time(self, q: float, window: float) -> tuple[np.ndarray, np.ndarray]:
         """The q-th percentile of latency of the requests arriving in each ``window`` of time: (window

@@ -31,7 +31,8 @@ import numpy as np
 from .policy import AIMD, BatchPolicy, check_count, check_number
 from .stage import Exponential, ServiceTime, capacity, prepare_stages, service_time_fn
 
-__all__ = ["BatchingResult", "GraphResult", "StageStats", "UnstableLoadError", "check_arrivals", "serve_queue",
+__all__ = ["BatchingResult", "GraphResult", "LatencySummary", "StageStats", "UnstableLoadError", "check_arrivals",
+           "serve_queue",
            "simulate_batching", "simulate_graph"]
 
 
@@ -39,18 +40,33 @@ class UnstableLoadError(ValueError):
     """Requests arrive faster than the servers can possibly serve them: the queue grows without bound."""
 
 
-class _PerRequestTimes:
-    # What BatchingResult and StageStats share: per-request arrival, start and finish arrays, and the
-    # size of the batch each request rode in.  (Frozen dataclasses below supply the fields.)
+class LatencySummary:
+    """Per-request ``arrival`` and ``finish`` times and the latency summaries every result reports.
+
+    A base for the simulators' frozen result dataclasses, which supply the two arrays.
+    """
+
     arrival: np.ndarray
-    start: np.ndarray
     finish: np.ndarray
-    batch_size: np.ndarray
 
     @property
     def latencies(self) -> np.ndarray:
-        """Arrival to finish: queue plus service."""
+        """Arrival to finish, per request."""
         return self.finish - self.arrival
+
+    @property
+    def mean_latency(self) -> float:
+        return float(self.latencies.mean())
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile of latency, q in [0, 100] (``percentile(99)`` is p99)."""
+        return float(np.percentile(self.latencies, q))
+
+
+class _PerRequestTimes(LatencySummary):
+    # What BatchingResult and StageStats add: when each request's batch started, and its size.
+    start: np.ndarray
+    batch_size: np.ndarray
 
     @property
     def queue_times(self) -> np.ndarray:
@@ -65,10 +81,6 @@ class _PerRequestTimes:
     def mean_batch_size(self) -> float:
         """Mean size per *batch* (not per request, which would weight big batches more)."""
         return float(len(self.batch_size) / np.sum(1.0 / self.batch_size))
-
-    def percentile(self, q: float) -> float:
-        """The q-th percentile of latency, q in [0, 100] (``percentile(99)`` is p99)."""
-        return float(np.percentile(self.latencies, q))
 
 
 @dataclass(frozen=True)
@@ -94,10 +106,6 @@ class BatchingResult(_PerRequestTimes):
     batches_start: np.ndarray  # per batch: when it started
     batches_end: np.ndarray    # per batch: when it finished
     batches_cap: np.ndarray    # per batch: the cap when it formed (-1: no cap)
-
-    @property
-    def mean_latency(self) -> float:
-        return float(self.latencies.mean())
 
 
 def simulate_batching(
@@ -139,18 +147,10 @@ def simulate_batching(
     """
     policy = BatchPolicy(max_batch_size, max_wait)  # validates both; its own copy of an AIMD
     replicas = check_count("replicas", replicas) or 1
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not (0 <= warmup < 1):
-        raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
+    _check_warmup(warmup)
     s = service_time_fn(service_time, np.random.default_rng([seed, 1]))
 
-    if arrivals is None:
-        rate = check_number("arrival_rate", arrival_rate)
-        if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
-            raise ValueError(f"n_requests must be an integer >= 2, got {n_requests!r}")
-        times = np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum()
-    else:
-        times = check_arrivals(arrivals)
-        rate = (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
+    times, rate = _arrival_times(arrival_rate, n_requests, seed, arrivals)
     cap = capacity(service_time, policy.largest_cap, replicas)
     offered = rate / cap
     if offered >= 1 and not allow_unstable:
@@ -187,6 +187,24 @@ def simulate_batching(
         batches_end=ends,
         batches_cap=caps,
     )
+
+
+def _check_warmup(warmup: object) -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not (0 <= warmup < 1):
+        raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
+
+
+def _arrival_times(
+    arrival_rate: float | None, n_requests: int, seed: int, arrivals: Sequence[float] | np.ndarray | None
+) -> tuple[np.ndarray, float]:
+    # The simulators' arrivals: Poisson at arrival_rate (seeded), or a given trace and its mean rate.
+    if arrivals is None:
+        rate = check_number("arrival_rate", arrival_rate)
+        if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
+            raise ValueError(f"n_requests must be an integer >= 2, got {n_requests!r}")
+        return np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum(), rate
+    times = check_arrivals(arrivals)
+    return times, (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
 
 
 def check_arrivals(arrivals: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -319,7 +337,7 @@ class StageStats(_PerRequestTimes):
 
 
 @dataclass(frozen=True)
-class GraphResult:
+class GraphResult(LatencySummary):
     """End-to-end times of a simulated graph (warm-up removed), and every stage's :class:`StageStats`.
 
     A request's latency runs from its arrival until the *last* sink (a stage
@@ -331,18 +349,6 @@ class GraphResult:
     throughput: float            # requests finished per unit time over the measured window
     stages: dict[str, StageStats]
     sinks: tuple[str, ...]
-
-    @property
-    def latencies(self) -> np.ndarray:
-        return self.finish - self.arrival
-
-    @property
-    def mean_latency(self) -> float:
-        return float(self.latencies.mean())
-
-    def percentile(self, q: float) -> float:
-        """The q-th percentile of end-to-end latency, q in [0, 100]."""
-        return float(np.percentile(self.latencies, q))
 
     @property
     def offered_load(self) -> float:
@@ -403,16 +409,8 @@ def simulate_graph(
     (3.2, 'a', 0.6)
     """
     plan = prepare_stages(stages, inputs, need="service_time")
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not (0 <= warmup < 1):
-        raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
-    if arrivals is None:
-        rate = check_number("arrival_rate", arrival_rate)
-        if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
-            raise ValueError(f"n_requests must be an integer >= 2, got {n_requests!r}")
-        times = np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum()
-    else:
-        times = check_arrivals(arrivals)
-        rate = (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
+    _check_warmup(warmup)
+    times, rate = _arrival_times(arrival_rate, n_requests, seed, arrivals)
 
     capacities = {name: plan.nodes[name][0].capacity() for name in plan.order}
     loads = {name: rate / cap if cap > 0 else math.inf for name, cap in capacities.items()}
