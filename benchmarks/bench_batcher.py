@@ -17,7 +17,7 @@ import numpy as np
 from _timing import best_of, machine, table, verdict
 
 from infergraph_lite import DynamicBatcher
-from infergraph_lite.models import TinyMLP
+from infergraph_lite.lessons.models import TinyMLP
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import dask
 from _timing import best_of, machine, table, verdict
 
 from infergraph_lite import prepare, run_graph, topological_order
-from infergraph_lite.original import run_graph_original
+from infergraph_lite.lessons.original import run_graph_original
 
 
 def add(*args: int) -> int:

@@ -16,7 +16,7 @@ also on failure); the script checks that no process it started is left, and that
 from __future__ import annotations
 
 # Imported before anything imports Ray: it keeps every Ray listener on 127.0.0.1.
-from infergraph_lite.ray_serve import RayServeGraph, is_loopback, listening_sockets  # isort: skip
+from infergraph_lite.frameworks.ray_serve import RayServeGraph, is_loopback, listening_sockets  # isort: skip
 
 import tempfile
 import time
@@ -27,9 +27,9 @@ import numpy as np
 import psutil
 from _timing import machine, table, verdict
 
-from infergraph_lite.batching import GraphServer
-from infergraph_lite.loadtest import LoadReport, run_closed_loop, run_open_loop
-from infergraph_lite.triton import TritonServer, to_model_repository, triton_available
+from infergraph_lite.frameworks.triton import TritonServer, to_model_repository, triton_available
+from infergraph_lite.serving.graph_server import GraphServer
+from infergraph_lite.serving.loadtest import LoadReport, run_closed_loop, run_open_loop
 
 RATES = [25, 50, 100, 200, 400, 800]  # requests per second, open loop
 P99_TARGET = 0.100  # seconds
@@ -46,7 +46,7 @@ def accelerator_stages() -> dict:
     import time
     from typing import Any  # noqa: F401 - the copy in the repository has no `from __future__ import annotations`
 
-    from infergraph_lite.examples import text_pipeline_stages
+    from infergraph_lite.lessons.examples import text_pipeline_stages
 
     def on_accelerator(batch_fn: Any, alpha: float = 0.012, beta: float = 0.0002) -> Any:
         def call(batch: list[Any]) -> Any:

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 from _timing import machine, table, verdict
 
-from infergraph_lite.batching import GraphServer
-from infergraph_lite.examples import text_pipeline_stages, trained_text_models
-from infergraph_lite.loadtest import ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
-from infergraph_lite.models import load_texts
-from infergraph_lite.simulate import simulate_graph
-from infergraph_lite.stage import prepare_stages
+from infergraph_lite.core.stage import prepare_stages
+from infergraph_lite.lessons.examples import text_pipeline_stages, trained_text_models
+from infergraph_lite.lessons.models import load_texts
+from infergraph_lite.serving.graph_server import GraphServer
+from infergraph_lite.serving.loadtest import ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
+from infergraph_lite.simulation.graph import simulate_graph
 
 REVIEWS_PER_REQUEST = 60
 OPTIONS = {

@@ -17,8 +17,8 @@ import numpy as np
 import simpy
 from _timing import best_of, machine, table, verdict
 
-from infergraph_lite.simulate import simulate_graph
-from infergraph_lite.stage import Exponential, Stage, service_time_fn
+from infergraph_lite.core.stage import Exponential, Stage, service_time_fn
+from infergraph_lite.simulation.graph import simulate_graph
 
 RATE = 1.2  # requests per ms
 

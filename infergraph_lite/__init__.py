@@ -1,12 +1,21 @@
 """infergraph_lite: the small inference-graph executor built across the notebooks.
 
-The public names below are the ones the notebooks, exercises and tests use.
-The seed's original loop is kept apart, in :mod:`infergraph_lite.original`.
+The package is in layers that follow the course; each imports only those above it in this list:
+
+- :mod:`~infergraph_lite.core`: the graph, its validation and ``Plan``, the executors, ``Stage``,
+  ``BatchPolicy``, argument checks (notebooks 01-03, 05);
+- :mod:`~infergraph_lite.simulation`: the batching queue, the graph simulator, theory, planning and
+  autoscaling (04-06); :mod:`~infergraph_lite.serving`: the real batcher, ``GraphServer``, load
+  generators, records and process trees (05-07) — the two import only ``core``;
+- :mod:`~infergraph_lite.frameworks`: Triton, Ray Serve, Dask (07), on ``core`` and ``serving``;
+- :mod:`~infergraph_lite.lessons` and :mod:`~infergraph_lite.exercises`: examples, models, drawings,
+  ``expect`` and the checkers, on top.
+
+The public names below are the ones the notebooks, exercises and tests use; the frameworks are imported
+from their own modules, so that ``import infergraph_lite`` loads none of Triton, Ray or Dask.
 """
 
-from .batching import BatchError, BatchRecord, DynamicBatcher, GraphServer, QueueFullError, RequestRecord
-from .claims import ClaimError, expect
-from .execute import (
+from infergraph_lite.core.execute import (
     NodeError,
     TraceEvent,
     measure_node_durations,
@@ -15,7 +24,7 @@ from .execute import (
     run_plan,
     run_plan_parallel,
 )
-from .graph import (
+from infergraph_lite.core.graph import (
     CycleError,
     GraphError,
     InvalidNodeError,
@@ -30,10 +39,21 @@ from .graph import (
     topological_order,
     validate_graph,
 )
-from .loadtest import LoadReport, ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
-from .policy import AIMD, BatchPolicy
-from .simulate import BatchingResult, GraphResult, UnstableLoadError, simulate_batching, simulate_graph
-from .stage import Exponential, Stage, capacity
+from infergraph_lite.core.policy import AIMD, BatchPolicy
+from infergraph_lite.core.stage import Exponential, Stage, capacity
+from infergraph_lite.lessons.claims import ClaimError, expect
+from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
+from infergraph_lite.serving.graph_server import GraphServer
+from infergraph_lite.serving.loadtest import (
+    LoadReport,
+    ServiceProfile,
+    profile_service_time,
+    run_closed_loop,
+    run_open_loop,
+)
+from infergraph_lite.serving.metrics import BatchRecord, RequestRecord
+from infergraph_lite.simulation.graph import GraphResult, simulate_graph
+from infergraph_lite.simulation.queue import BatchingResult, UnstableLoadError, simulate_batching
 
 __all__ = [
     "AIMD",

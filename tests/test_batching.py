@@ -9,8 +9,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from infergraph_lite.batching import BatchError, DynamicBatcher, QueueFullError
-from infergraph_lite.loadtest import profile_service_time
+from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
+from infergraph_lite.serving.loadtest import profile_service_time
 
 
 def doubler(xs):

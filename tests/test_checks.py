@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from infergraph_lite import checks, critical_path, levels, run_graph, simulate_batching
-from infergraph_lite.checks import Feedback
+from infergraph_lite import critical_path, levels, run_graph, simulate_batching
+from infergraph_lite.exercises import checks
+from infergraph_lite.exercises.checks import Feedback
 
 
 def stub(*_args, **_kwargs):
@@ -283,7 +284,7 @@ def test_fanout_median_accepts_exact_and_sampled_answers_and_rejects_one_calls_m
 
 
 def test_variability_penalty_rejects_latency_ratio_and_a_constant_guess_of_one():
-    from infergraph_lite.theory import md1_mean_latency, mm1_mean_latency
+    from infergraph_lite.simulation.theory import md1_mean_latency, mm1_mean_latency
 
     assert_wrong(checks.check_variability_penalty(lambda rho: mm1_mean_latency(rho, 1.0) / md1_mean_latency(rho, 1.0)),
                  "latency adds s")
@@ -368,7 +369,7 @@ def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_other
 
 
 def test_the_pbtxt_reader_lives_in_triton_and_checks_reexports_it():
-    from infergraph_lite import triton
+    from infergraph_lite.frameworks import triton
 
     assert checks.parse_pbtxt is triton.parse_pbtxt
 
@@ -402,8 +403,8 @@ def test_batching_where_it_pays_rejects_batching_everywhere_a_rule_of_thumb_and_
 def _three_models(length_deps=("tokenize",), merge_reads_length=True, format_words=True):
     import dataclasses
 
-    from infergraph_lite.examples import text_pipeline_stages
-    from infergraph_lite.stage import Stage
+    from infergraph_lite.core.stage import Stage
+    from infergraph_lite.lessons.examples import text_pipeline_stages
 
     stages = text_pipeline_stages()
     stages["length"] = (Stage(fn=lambda xs: [{"words": len(x) if isinstance(x, list) else 512} for x in xs]),

@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from infergraph_lite import checks
-from infergraph_lite.checks import Feedback
-from infergraph_lite.planning import brute_force_plan
-from infergraph_lite.stage import mean_service_time
+from infergraph_lite.core.stage import mean_service_time
+from infergraph_lite.exercises import checks
+from infergraph_lite.exercises.checks import Feedback
+from infergraph_lite.simulation.planning import brute_force_plan
 
 
 def assert_wrong(feedback: Feedback, *fragments: str) -> None:

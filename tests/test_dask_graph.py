@@ -13,15 +13,15 @@ pytest.importorskip("distributed")
 from dask.task_spec import DataNode, Task
 
 from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, MissingInputError, run_graph
-from infergraph_lite.dask_graph import DaskGraphCluster, run_dask, stage_item, to_dask_graph
-from infergraph_lite.examples import (
+from infergraph_lite.core.stage import Stage
+from infergraph_lite.frameworks.dask_graph import DaskGraphCluster, run_dask, stage_item, to_dask_graph
+from infergraph_lite.lessons.examples import (
     BANANA_INPUTS,
     banana_nodes,
     text_pipeline,
     text_pipeline_stages,
     trained_text_models,
 )
-from infergraph_lite.stage import Stage
 from tests.proc_sockets import descendants, listening, not_loopback
 
 TEXTS = ["The pasta was delicious and the staff were lovely.", "Terrible battery, the phone died after an hour.", ""]

@@ -16,7 +16,7 @@ from infergraph_lite import (
     run_graph,
     run_graph_parallel,
 )
-from infergraph_lite.original import run_graph_original
+from infergraph_lite.lessons.original import run_graph_original
 from tests.graphs import BANANA_INPUTS, banana_nodes
 
 EXECUTORS = [run_graph, run_graph_parallel]

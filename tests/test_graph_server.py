@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 from infergraph_lite import run_graph
-from infergraph_lite.batching import GraphServer, QueueFullError
-from infergraph_lite.examples import text_pipeline, text_pipeline_stages, trained_text_models
-from infergraph_lite.execute import NodeError
-from infergraph_lite.graph import CycleError, InvalidNodeError, MissingDependencyError, MissingInputError
-from infergraph_lite.loadtest import run_closed_loop, run_open_loop
-from infergraph_lite.models import load_texts
-from infergraph_lite.stage import Stage
+from infergraph_lite.core.execute import NodeError
+from infergraph_lite.core.graph import CycleError, InvalidNodeError, MissingDependencyError, MissingInputError
+from infergraph_lite.core.stage import Stage
+from infergraph_lite.lessons.examples import text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.lessons.models import load_texts
+from infergraph_lite.serving.batcher import QueueFullError
+from infergraph_lite.serving.graph_server import GraphServer
+from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 
 TEXT_STAGES = ["tokenize", "embed", "topic", "sentiment", "merge", "format"]
 

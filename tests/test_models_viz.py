@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from infergraph_lite import TraceEvent, run_graph
-from infergraph_lite.examples import listing_graph, listing_image, text_pipeline
-from infergraph_lite.models import (
+from infergraph_lite.lessons.examples import listing_graph, listing_image, text_pipeline
+from infergraph_lite.lessons.models import (
     HashingEmbedder,
     SoftmaxRegression,
     TinyMLP,
@@ -18,7 +18,7 @@ from infergraph_lite.models import (
     tokenize,
     train_text_models,
 )
-from infergraph_lite.viz import draw_levels, plot_timeline, to_networkx
+from infergraph_lite.lessons.viz import draw_levels, plot_timeline, to_networkx
 from tests.graphs import banana_nodes
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infergraph_lite.autoscale import Autoscaler, simulate_autoscaling, step_arrivals
-from infergraph_lite.planning import (
+from infergraph_lite.core.stage import Exponential, Stage
+from infergraph_lite.simulation.autoscale import Autoscaler, simulate_autoscaling, step_arrivals
+from infergraph_lite.simulation.graph import simulate_graph
+from infergraph_lite.simulation.planning import (
     brute_force_plan,
     cost_per_hour,
     cost_per_million,
@@ -15,8 +17,7 @@ from infergraph_lite.planning import (
     tunable_stages,
     uniform_plan,
 )
-from infergraph_lite.simulate import simulate_batching, simulate_graph
-from infergraph_lite.stage import Exponential, Stage
+from infergraph_lite.simulation.queue import simulate_batching
 
 PRICE = {"pre": 0.1, "topic": 2.5, "sentiment": 2.5, "merge": 0.1}
 SMALL = {

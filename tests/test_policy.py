@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infergraph_lite.batching import DynamicBatcher
-from infergraph_lite.policy import AIMD, BatchPolicy
-from infergraph_lite.simulate import simulate_batching
+from infergraph_lite.core.policy import AIMD, BatchPolicy
+from infergraph_lite.serving.batcher import DynamicBatcher
+from infergraph_lite.simulation.queue import simulate_batching
 
 
 class VirtualClock:

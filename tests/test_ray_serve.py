@@ -17,10 +17,10 @@ pytest.importorskip("ray")
 import ray  # imported before infergraph_lite.ray_serve on purpose: start() keeps Ray on loopback either way
 
 from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, NodeError, run_closed_loop
-from infergraph_lite.examples import text_pipeline, text_pipeline_stages, trained_text_models
-from infergraph_lite.execute import run_graph
-from infergraph_lite.policy import AIMD
-from infergraph_lite.ray_serve import (
+from infergraph_lite.core.execute import run_graph
+from infergraph_lite.core.policy import AIMD
+from infergraph_lite.core.stage import Stage
+from infergraph_lite.frameworks.ray_serve import (
     TESTED_RAY,
     RayServeGraph,
     autoscaling_config,
@@ -28,7 +28,7 @@ from infergraph_lite.ray_serve import (
     deployment_options,
     is_loopback,
 )
-from infergraph_lite.stage import Stage
+from infergraph_lite.lessons.examples import text_pipeline, text_pipeline_stages, trained_text_models
 from tests.proc_sockets import descendants, listening, not_loopback
 
 TEXTS = [

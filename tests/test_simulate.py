@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infergraph_lite.policy import AIMD
-from infergraph_lite.simulate import UnstableLoadError, simulate_batching
-from infergraph_lite.stage import capacity
-from infergraph_lite.theory import (
+from infergraph_lite.core.policy import AIMD
+from infergraph_lite.core.stage import capacity
+from infergraph_lite.simulation.queue import UnstableLoadError, simulate_batching
+from infergraph_lite.simulation.theory import (
     batch_means_interval,
     greedy_batching_mean_latency,
     md1_mean_latency,

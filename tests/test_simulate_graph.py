@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infergraph_lite.graph import CycleError, InvalidNodeError, MissingDependencyError
-from infergraph_lite.policy import AIMD
-from infergraph_lite.simulate import UnstableLoadError, simulate_batching, simulate_graph
-from infergraph_lite.stage import Exponential, Stage, service_time_fn
-from infergraph_lite.theory import (
+from infergraph_lite.core.graph import CycleError, InvalidNodeError, MissingDependencyError
+from infergraph_lite.core.policy import AIMD
+from infergraph_lite.core.stage import Exponential, Stage, service_time_fn
+from infergraph_lite.simulation.graph import simulate_graph
+from infergraph_lite.simulation.queue import UnstableLoadError, simulate_batching
+from infergraph_lite.simulation.theory import (
     batch_means_interval,
     fork_join_mean_latency,
     jackson_tandem_mean_latency,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from infergraph_lite import AIMD, DynamicBatcher, Exponential, InvalidNodeError, Stage, capacity
-from infergraph_lite.examples import text_pipeline, text_pipeline_stages, trained_text_models
-from infergraph_lite.loadtest import run_closed_loop, run_open_loop
-from infergraph_lite.stage import mean_service_time, prepare_stages, service_time_fn
+from infergraph_lite.core.stage import mean_service_time, prepare_stages, service_time_fn
+from infergraph_lite.lessons.examples import text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 
 
 @pytest.mark.parametrize(

@@ -17,11 +17,9 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from infergraph_lite import run_graph
-from infergraph_lite.examples import BANANA_INPUTS, text_pipeline, text_pipeline_stages, trained_text_models
-from infergraph_lite.graph import CycleError, MissingDependencyError, levels
-from infergraph_lite.loadtest import run_closed_loop
-from infergraph_lite.stage import Stage
-from infergraph_lite.triton import (
+from infergraph_lite.core.graph import CycleError, MissingDependencyError, levels
+from infergraph_lite.core.stage import Stage
+from infergraph_lite.frameworks.triton import (
     TensorType,
     TritonConfigError,
     TritonServer,
@@ -36,6 +34,8 @@ from infergraph_lite.triton import (
     to_model_repository,
     triton_available,
 )
+from infergraph_lite.lessons.examples import BANANA_INPUTS, text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.serving.loadtest import run_closed_loop
 
 TEXT = {"text": "The pizza was excellent for lunch."}
 BATCHING = {"embed": {"max_batch_size": 16, "max_wait": 0.002},
@@ -81,7 +81,7 @@ def text_stages() -> dict:
 
 
 def write_text_repository(path: Path):
-    return to_model_repository(text_stages(), path, factory="infergraph_lite.examples:text_pipeline_stages",
+    return to_model_repository(text_stages(), path, factory="infergraph_lite.lessons.examples:text_pipeline_stages",
                                example=TEXT, outputs=["format", "topic"],
                                preferred_batch_size={"sentiment": [8, 16]})
 
@@ -208,7 +208,7 @@ def test_a_platform_without_the_wheel_gets_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_a_missing_binary_gets_a_clear_error_and_starts_nothing(monkeypatch, tmp_path):
-    import infergraph_lite.triton as triton
+    import infergraph_lite.frameworks.triton as triton
 
     to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
     monkeypatch.setattr(sys, "platform", "linux")
@@ -311,7 +311,7 @@ def test_a_factory_that_cannot_rebuild_the_graph_is_refused_before_any_server(tm
                             example=BANANA_INPUTS)
     assert err.value.field == "factory"
     with pytest.raises(TritonConfigError, match="does not rebuild node 'pre'"):
-        to_model_repository(tiny_stages(), tmp_path, factory="infergraph_lite.examples:text_pipeline_stages",
+        to_model_repository(tiny_stages(), tmp_path, factory="infergraph_lite.lessons.examples:text_pipeline_stages",
                             example=BANANA_INPUTS)
 
 
@@ -367,7 +367,7 @@ def test_a_new_version_takes_the_traffic_when_loaded(tmp_path):
 def test_a_ctrl_c_while_stopping_still_kills_the_server(monkeypatch):
     import subprocess
 
-    import infergraph_lite.triton as triton
+    import infergraph_lite.frameworks.triton as triton
 
     stubborn = subprocess.Popen(["bash", "-c", "trap '' INT; sleep 60"], start_new_session=True)
     real_wait, calls = stubborn.wait, []

@@ -3,7 +3,7 @@
 - :func:`banana_nodes`: the seed's four-node graph (notebook 01 onwards), read with :data:`BANANA_INPUTS`.
 - :func:`text_pipeline`: notebook 01's review pipeline, tokenize -> embed -> topic ∥ sentiment -> merge -> format,
   with real numpy models; :func:`text_pipeline_stages` is the same graph as batch functions in
-  :class:`~infergraph_lite.stage.Stage` s, to be served (notebooks 06, 07).
+  :class:`~infergraph_lite.core.stage.Stage` s, to be served (notebooks 06, 07).
 - :func:`listing_graph`: a product-listing request with image and text models (notebooks 02, 03).
 
 Nothing here is a stand-in: the models are real numpy work (see :mod:`infergraph_lite.models`).
@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .models import HashingEmbedder, SoftmaxRegression, load_texts, tokenize, train_text_models
-from .stage import Stage
+from infergraph_lite.core.stage import Stage
+from infergraph_lite.lessons.models import HashingEmbedder, SoftmaxRegression, load_texts, tokenize, train_text_models
 
 __all__ = [
     "BANANA_INPUTS",

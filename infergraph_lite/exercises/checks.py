@@ -21,12 +21,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .examples import BANANA_INPUTS, banana_nodes
-from .execute import run_graph
-from .graph import critical_path, levels
-from .simulate import simulate_batching
-from .stage import capacity
-from .triton import TritonConfigError, ensemble_to_graph, parse_pbtxt
+from infergraph_lite.lessons.examples import BANANA_INPUTS, banana_nodes
+from infergraph_lite.core.execute import run_graph
+from infergraph_lite.core.graph import critical_path, levels
+from infergraph_lite.simulation.queue import simulate_batching
+from infergraph_lite.core.stage import capacity
+from infergraph_lite.frameworks.triton import TritonConfigError, ensemble_to_graph, parse_pbtxt
 
 __all__ = [
     "Feedback",
@@ -492,9 +492,10 @@ def check_triton_ensemble(config: str | Callable[[], str]) -> str:
 
 from functools import cache  # noqa: E402
 
-from .planning import brute_force_plan  # noqa: E402
-from .simulate import UnstableLoadError, simulate_graph  # noqa: E402
-from .stage import Exponential, Stage, mean_service_time  # noqa: E402
+from infergraph_lite.simulation.planning import brute_force_plan  # noqa: E402
+from infergraph_lite.simulation.queue import UnstableLoadError  # noqa: E402
+from infergraph_lite.simulation.graph import simulate_graph  # noqa: E402
+from infergraph_lite.core.stage import Exponential, Stage, mean_service_time  # noqa: E402
 
 __all__ += ["check_batching_plan", "check_fanout_p99", "check_fix_bottleneck"]
 
@@ -645,15 +646,9 @@ import json  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from .models import tokenize  # noqa: E402
-from .stage import Stage  # noqa: E402
-from .triton import (  # noqa: E402
-    TritonServer,
-    TritonStartError,
-    run_stages_once,
-    to_model_repository,
-    triton_available,
-)
+from infergraph_lite.lessons.models import tokenize  # noqa: E402
+from infergraph_lite.core.stage import Stage  # noqa: E402
+from infergraph_lite.frameworks.triton import TritonServer, TritonStartError, run_stages_once, to_model_repository, triton_available
 
 __all__ += ["banana_stages_for_triton", "check_batching_where_it_pays", "check_ensemble_on_triton", "check_third_model"]
 
@@ -662,7 +657,7 @@ def banana_stages_for_triton() -> dict[str, tuple[Stage, list[str]]]:
     """The seed's graph as batch functions for exercise 07.1; modelA and modelB each take 0.1 s per call.
 
     The wait makes it measurable whether Triton ran the two models at the same time.  A zero-argument
-    factory, so Triton's model processes can rebuild it (``infergraph_lite.checks:banana_stages_for_triton``).
+    factory, so Triton's model processes can rebuild it (``infergraph_lite.exercises.checks:banana_stages_for_triton``).
     """
     def slow(count: Callable[[str], int]) -> Callable[[list], list]:
         def model(batch: list) -> list:
@@ -700,7 +695,7 @@ def check_ensemble_on_triton(config: str | Callable[[], str]) -> str:
     with tempfile.TemporaryDirectory(prefix="infergraph-check-") as folder:
         try:
             to_model_repository(banana_stages_for_triton(), Path(folder), example=BANANA_INPUTS, ensemble=config_text,
-                                factory="infergraph_lite.checks:banana_stages_for_triton")
+                                factory="infergraph_lite.exercises.checks:banana_stages_for_triton")
         except TritonConfigError as err:
             raise _Wrong(f"{err} (the models are the seed's pre, modelA, modelB and combine)") from None
         if unavailable is not None:

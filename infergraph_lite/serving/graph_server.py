@@ -1,262 +1,24 @@
-"""A real dynamic batcher on threads, running the package's one batching policy.
-
-:class:`DynamicBatcher` collects single requests into batches for a batch
-function.  When a batch starts and how many it takes is decided by
-:class:`~infergraph_lite.policy.BatchPolicy` — the same object
-:func:`~infergraph_lite.simulate.simulate_batching` calls — on the batcher's
-clock, so the real batcher and the simulation form the same batches from the
-same arrivals (a property test drives it on a virtual clock to check).
-
-Introduced in notebook 05.
+"""GraphServer: a real dynamic batcher per stage of a graph (notebook 06).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from .execute import NodeError
-from .loadtest import StageTimes, stage_times
-from .policy import AIMD, BatchPolicy, check_count
-from .stage import prepare_stages
+from infergraph_lite.core.execute import NodeError
+from infergraph_lite.core.stage import prepare_stages
+from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
+from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
 
-__all__ = ["BatchError", "BatchRecord", "Clock", "DynamicBatcher", "GraphRequestRecord", "GraphServer",
-           "QueueFullError", "RequestRecord", "SystemClock"]
-
-
-class BatchError(RuntimeError):
-    """The batch a request was in failed; ``__cause__`` holds what ``batch_fn`` raised, if it raised."""
-
-
-class QueueFullError(RuntimeError):
-    """``submit`` found ``max_queue_size`` requests already waiting: shed load instead of queueing forever.
-
-    ``.stage`` names the stage of a :class:`GraphServer` that refused the request (None for a lone batcher).
-    """
-
-    def __init__(self, message: str, stage: str | None = None):
-        super().__init__(message)
-        self.stage = stage
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """What happened to one request, in seconds."""
-
-    queue_time: float    # submit -> its batch started
-    service_time: float  # its batch's run time
-    batch_size: int
-
-    @property
-    def latency(self) -> float:
-        return self.queue_time + self.service_time
-
-
-@dataclass(frozen=True)
-class BatchRecord:
-    """One batch: the submit number of its oldest request, its size, and when it ran (clock seconds)."""
-
-    first: int
-    size: int
-    start: float
-    end: float
-
-
-class Clock(Protocol):
-    """What the batcher needs of time: read it, and wait on a condition for at most ``timeout``."""
-
-    def now(self) -> float: ...
-
-    def wait(self, condition: threading.Condition, timeout: float | None) -> None: ...
-
-
-class SystemClock:
-    """Real time: ``now`` is a monotonic clock; ``wait`` is the condition's own timed wait."""
-
-    def __init__(self, now: Callable[[], float] = time.monotonic):
-        self.now = now
-
-    def wait(self, condition: threading.Condition, timeout: float | None) -> None:
-        condition.wait(timeout)
-
-
-@dataclass(slots=True)
-class _Pending:
-    number: int
-    item: Any
-    future: Future
-    submitted: float
-
-
-class DynamicBatcher:
-    """Collect single requests into batches for ``batch_fn(list) -> list``, on background threads.
-
-    ``max_batch_size`` (an int, None or an :class:`~infergraph_lite.policy.AIMD`)
-    and ``max_wait`` (seconds) are the :class:`~infergraph_lite.policy.BatchPolicy`;
-    ``replicas`` worker threads share the queue, as model instances share
-    Triton's; ``max_queue_size`` bounds the waiting requests (a full queue
-    refuses new ones with :class:`QueueFullError`).  ``clock`` is a callable
-    returning seconds (default ``time.monotonic``) or a :class:`Clock`; a
-    virtual one makes the batcher's decisions reproducible in tests.
-
-    >>> with DynamicBatcher(lambda xs: [x * 2 for x in xs], max_batch_size=4, max_wait=0.01) as batcher:
-    ...     futures = [batcher.submit(i) for i in range(6)]
-    ...     [f.result() for f in futures]
-    [0, 2, 4, 6, 8, 10]
-    >>> len(batcher.records), sum(b.size for b in batcher.batches)
-    (6, 6)
-    """
-
-    def __init__(
-        self,
-        batch_fn: Callable[[list[Any]], Sequence[Any]],
-        max_batch_size: int | AIMD | None = 1,
-        max_wait: float = 0.0,
-        max_queue_size: int | None = None,
-        *,
-        replicas: int = 1,
-        clock: Clock | Callable[[], float] = time.monotonic,
-        name: str = "dynamic-batcher",
-    ):
-        if not callable(batch_fn):
-            raise ValueError(f"batch_fn must be callable, got {batch_fn!r}")
-        self.policy = BatchPolicy(max_batch_size, max_wait)
-        self.max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
-        self.replicas = check_count("replicas", replicas) or 1
-        if isinstance(clock, SystemClock) or (hasattr(clock, "now") and hasattr(clock, "wait")):
-            self.clock: Clock = clock
-        elif callable(clock):
-            self.clock = SystemClock(clock)
-        else:
-            raise ValueError(f"clock must be a callable returning seconds or a Clock, got {clock!r}")
-        self.batch_fn = batch_fn
-        self.name = name
-        self._records: list[tuple[float, float, int]] = []  # raw, cheap to append on the worker's hot path
-        self._batches: list[BatchRecord] = []
-        self._queue: deque[_Pending] = deque()
-        self._cond = threading.Condition()
-        self._closed = False
-        self._submitted = 0
-        self._workers = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
-                         for i in range(self.replicas)]
-        for worker in self._workers:
-            worker.start()
-
-    @property
-    def max_batch_size(self) -> int | None:
-        """The current cap (an AIMD's moves while it runs)."""
-        return self.policy.cap
-
-    @property
-    def max_wait(self) -> float:
-        return self.policy.max_wait
-
-    @property
-    def records(self) -> list[RequestRecord]:
-        """One :class:`RequestRecord` per request served so far, in the order batches finished."""
-        with self._cond:
-            return [RequestRecord(*raw) for raw in self._records]
-
-    @property
-    def batches(self) -> list[BatchRecord]:
-        """One :class:`BatchRecord` per batch started so far, in the order they started."""
-        with self._cond:
-            return sorted(self._batches, key=lambda b: (b.start, b.first))
-
-    def queued(self) -> int:
-        """How many requests are waiting for a batch right now."""
-        with self._cond:
-            return len(self._queue)
-
-    def submit(self, item: Any) -> Future:
-        """Queue one request; its :class:`~concurrent.futures.Future` resolves to its result."""
-        with self._cond:
-            if self._closed:
-                raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
-            if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
-                raise QueueFullError(f"{self.name}: queue is full ({self.max_queue_size} waiting, max_queue_size); "
-                                     "request refused")
-            future: Future = Future()
-            self._queue.append(_Pending(self._submitted, item, future, self.clock.now()))
-            self._submitted += 1
-            # Wake a worker only when one may be idle (queue was empty) or a batch just filled: otherwise the
-            # workers are busy or waiting out the window and will look again by themselves.  Waking one per
-            # request costs a lock and GIL hand-over each and makes it start batches of one.
-            queued, cap = len(self._queue), self.policy.cap
-            if queued == 1 or (cap is not None and queued % cap == 0):
-                self._cond.notify()
-        return future
-
-    def close(self) -> None:
-        """Stop accepting requests, serve everything already queued, and stop the workers."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        for worker in self._workers:
-            worker.join()
-
-    def __enter__(self) -> DynamicBatcher:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _next_batch(self) -> tuple[list[_Pending], float] | None:
-        # Wait until the policy says a batch may start; None once closed and drained.
-        policy, queue = self.policy, self._queue
-        with self._cond:
-            while True:
-                if queue:
-                    now = self.clock.now()
-                    cap = policy.cap
-                    full_at = queue[cap - 1].submitted if cap is not None and len(queue) >= cap else math.inf
-                    start = now if self._closed else policy.start_time(now, queue[0].submitted, full_at)
-                    if start <= now:
-                        batch = [queue.popleft() for _ in range(policy.take(len(queue)))]
-                        if queue:
-                            self._cond.notify()  # more waits: another idle worker may start on it
-                        return batch, now
-                    self.clock.wait(self._cond, start - now)
-                elif self._closed:
-                    return None
-                else:
-                    self.clock.wait(self._cond, None)
-
-    def _serve(self) -> None:
-        while (taken := self._next_batch()) is not None:
-            batch, started = taken
-            first, size = batch[0].number, len(batch)
-            batch = [p for p in batch if p.future.set_running_or_notify_cancel()]  # skip cancelled requests
-            if batch:
-                try:
-                    results = list(self.batch_fn([p.item for p in batch]))
-                    error = None if len(results) == len(batch) else BatchError(
-                        f"{self.name}: batch_fn returned {len(results)} results for a batch of {len(batch)}")
-                except Exception as exc:  # noqa: BLE001 - every request of the batch is told, the worker goes on
-                    results, error = [], BatchError(f"{self.name}: batch of {len(batch)} failed: "
-                                                    f"{type(exc).__name__}: {exc}")
-                    error.__cause__ = exc
-            ended = self.clock.now()
-            service = ended - started
-            with self._cond:
-                self.policy.observe(service, size)
-                self._batches.append(BatchRecord(first, size, started, ended))
-                self._records.extend((started - p.submitted, service, len(batch)) for p in batch)
-            for i, pending in enumerate(batch):
-                if error is None:
-                    pending.future.set_result(results[i])
-                else:
-                    pending.future.set_exception(error)
-
+__all__ = ["GraphRequestRecord", "GraphServer"]
 
 @dataclass(frozen=True)
 class GraphRequestRecord:
@@ -293,10 +55,10 @@ class GraphServer:
 
     ``stages`` is the graph shape of notebook 06, ``{name: (Stage(fn=...), [deps])}``,
     read with ``inputs`` (the input names; default ``("request",)``, as
-    :func:`~infergraph_lite.stage.prepare_stages`).  The whole graph is
+    :func:`~infergraph_lite.core.stage.prepare_stages`).  The whole graph is
     validated before any thread starts (cycles, missing dependencies, a stage
     without ``fn``).  Each stage gets its own batcher with the stage's
-    :class:`~infergraph_lite.policy.BatchPolicy` (``max_batch_size``,
+    :class:`~infergraph_lite.core.policy.BatchPolicy` (``max_batch_size``,
     ``max_wait`` in seconds), ``replicas`` worker threads and
     ``max_queue_size``.  A stage's ``fn`` receives, per request, the value of
     its one dependency, or a tuple of its dependencies' values in the order
@@ -311,7 +73,7 @@ class GraphServer:
     hanging:
 
     - a batch whose ``fn`` raises fails exactly that batch's requests, each
-      with a :class:`~infergraph_lite.execute.NodeError` naming the stage
+      with a :class:`~infergraph_lite.core.execute.NodeError` naming the stage
       (``__cause__`` is what ``fn`` raised); other requests go on;
     - a stage whose queue is full refuses the request: its future fails with
       :class:`QueueFullError` (``.stage`` names the stage), at once if the
@@ -324,9 +86,9 @@ class GraphServer:
     :meth:`stage_records` (each stage's per-request queue / compute time and
     batch size) and :meth:`stage_times` (their means, as perf_analyzer
     reports them; the load generators of :mod:`~infergraph_lite.loadtest` put
-    them in their :class:`~infergraph_lite.loadtest.LoadReport`).
+    them in their :class:`~infergraph_lite.serving.loadtest.LoadReport`).
 
-    >>> from infergraph_lite.stage import Stage
+    >>> from infergraph_lite.core.stage import Stage
     >>> stages = {
     ...     "pre": (Stage(fn=lambda xs: [x.strip().lower() for x in xs], max_batch_size=8), ["text"]),
     ...     "n": (Stage(fn=lambda xs: [len(x) for x in xs]), ["pre"]),
@@ -410,14 +172,14 @@ class GraphServer:
 
     def stage_times(self) -> dict[str, StageTimes]:
         """Per stage, the mean queue and compute time per request and the mean batch size (per batch),
-        over every request served so far (:class:`~infergraph_lite.loadtest.StageTimes`)."""
+        over every request served so far (:class:`~infergraph_lite.serving.metrics.StageTimes`)."""
         return stage_times(self.stage_records())
 
     def submit(self, inputs: Mapping[str, Any]) -> Future:
         """Send one request (a dict with every input the graph reads) into the graph.
 
         Returns a Future of ``{stage: result}`` for every stage.  Raises
-        :class:`~infergraph_lite.graph.MissingInputError` at once if an input
+        :class:`~infergraph_lite.core.graph.MissingInputError` at once if an input
         is missing, and ``RuntimeError`` after :meth:`close`; a refusal by a
         full stage queue comes back in the future (see the class docstring).
         """

@@ -14,7 +14,7 @@ batch function ``list -> list``), or both.  A stage whose node reads several
 dependencies receives, per request, a tuple of their values in the order
 listed; with one dependency, the value itself.
 
-Service times take every form :func:`~infergraph_lite.simulate.simulate_batching`
+Service times take every form :func:`~infergraph_lite.simulation.queue.simulate_batching`
 takes: a number (the same for any batch), ``(alpha, beta)`` for
 ``alpha + beta * b``, a callable ``b -> time``, or :class:`Exponential`.
 """
@@ -28,10 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from .graph import InvalidNodeError, Plan, prepare
-from .policy import AIMD, BatchPolicy, check_count, check_number
+from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.graph import InvalidNodeError, Plan, prepare
+from infergraph_lite.core.policy import AIMD, BatchPolicy
 
-__all__ = ["Exponential", "ServiceTime", "Stage", "capacity", "mean_service_time", "prepare_stages",
+__all__ = ["Exponential", "ServiceTime", "Stage", "UnsupportedStageFieldError", "capacity",
+           "mean_service_time", "prepare_stages",
            "service_time_fn"]
 
 
@@ -141,11 +143,29 @@ def capacity(service_time: ServiceTime, max_batch_size: int | AIMD | None = 1, r
     return replicas * best
 
 
+class UnsupportedStageFieldError(ValueError):
+    """An engine cannot honour one of a :class:`Stage`'s settings: it refuses by name rather than drop it.
+
+    Every adapter (GraphServer, Triton, Ray Serve, Dask) maps each ``Stage`` field onto its own setting or
+    raises this, before anything starts.
+
+    >>> raise UnsupportedStageFieldError("dask", "topic", "max_batch_size", 16, "a task graph has no batcher")
+    Traceback (most recent call last):
+    ...
+    infergraph_lite.core.stage.UnsupportedStageFieldError: dask cannot serve stage 'topic' with max_batch_size=16: \
+a task graph has no batcher
+    """
+
+    def __init__(self, engine: str, stage: str, field: str, value: object, why: str):
+        super().__init__(f"{engine} cannot serve stage {stage!r} with {field}={value!r}: {why}")
+        self.engine, self.stage, self.field, self.value = engine, stage, field, value
+
+
 @dataclass(frozen=True)
 class Stage:
     """One node of a served graph: batching knobs, replicas, a service time and/or a real batch function.
 
-    ``max_batch_size``/``max_wait`` are the :class:`~infergraph_lite.policy.BatchPolicy`
+    ``max_batch_size``/``max_wait`` are the :class:`~infergraph_lite.core.policy.BatchPolicy`
     (``max_wait`` in the same unit as ``service_time``; seconds for a real
     ``fn``), ``replicas`` how many servers share the stage's queue (Triton's
     ``instance_group { count }``), ``max_queue_size`` how many requests may
@@ -184,7 +204,7 @@ class Stage:
                                                                allow_none=True))
 
     def policy(self) -> BatchPolicy:
-        """A fresh :class:`~infergraph_lite.policy.BatchPolicy` with this stage's knobs."""
+        """A fresh :class:`~infergraph_lite.core.policy.BatchPolicy` with this stage's knobs."""
         return BatchPolicy(self.max_batch_size, self.max_wait)
 
     def capacity(self) -> float:
@@ -200,7 +220,7 @@ def prepare_stages(
     *,
     need: str | None = None,
 ) -> Plan:
-    """Validate a stage graph once: the graph checks of :func:`~infergraph_lite.graph.prepare`,
+    """Validate a stage graph once: the graph checks of :func:`~infergraph_lite.core.graph.prepare`,
     then every node holds a :class:`Stage` (with a ``service_time`` if ``need="service_time"``,
     an ``fn`` if ``need="fn"``).  Errors name the node.
 
@@ -210,7 +230,7 @@ def prepare_stages(
     >>> prepare_stages({"a": (Stage(service_time=1.0), ["request"])}, need="fn")
     Traceback (most recent call last):
     ...
-    infergraph_lite.graph.InvalidNodeError: node 'a': this Stage has no fn (a batch function list -> list) to serve
+    infergraph_lite.core.graph.InvalidNodeError: node 'a': this Stage has no fn (a batch function list -> list) to serve
     """
     plan = prepare(stages, inputs, require_callable=False)
     for name, (stage, _) in plan.nodes.items():

@@ -1,4 +1,4 @@
-"""Executors: run a prepared graph (a :class:`~infergraph_lite.graph.Plan`) sequentially or on a thread pool.
+"""Executors: run a prepared graph (a :class:`~infergraph_lite.core.graph.Plan`) sequentially or on a thread pool.
 
 Both keep the seed's contract: ``run(nodes, inputs) -> inputs + every node's
 result``.  Both validate the whole graph before anything runs (by preparing
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from .graph import Graph, Plan, prepare
+from infergraph_lite.core.graph import Graph, Plan, prepare
 
 __all__ = ["NodeError", "TraceEvent", "measure_node_durations", "run_graph", "run_graph_parallel", "run_plan",
            "run_plan_parallel"]
@@ -74,9 +74,9 @@ def run_graph(nodes: Graph, inputs: Mapping[str, Any]) -> dict[str, Any]:
     ``nodes`` maps ``name -> (func, [dependency names])``; a node is called
     with its dependencies' values in the order listed.  The result holds the
     inputs plus every node's result.  The graph is validated first (see
-    :func:`~infergraph_lite.graph.prepare`), so a bad graph runs nothing; the
+    :func:`~infergraph_lite.core.graph.prepare`), so a bad graph runs nothing; the
     order comes from Kahn's algorithm, O(V + E).  To run one graph many
-    times, prepare it once and call ``plan.run(inputs)``.
+    times, prepare it once and call ``run_plan(plan, inputs)``.
 
     >>> nodes = {
     ...     "pre": (lambda s: s.strip().lower(), ["text"]),

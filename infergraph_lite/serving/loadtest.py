@@ -1,8 +1,8 @@
 """Load generators and service-time profiling: how a server is measured (notebooks 05-07).
 
 Every generator drives a ``submit(item) -> Future`` callable, so the same code
-measures a :class:`~infergraph_lite.batching.DynamicBatcher`, a
-:class:`~infergraph_lite.batching.GraphServer`, a Triton client or a Ray Serve
+measures a :class:`~infergraph_lite.serving.batcher.DynamicBatcher`, a
+:class:`~infergraph_lite.serving.graph_server.GraphServer`, a Triton client or a Ray Serve
 handle, and reports the same :class:`LoadReport`.
 
 - *Open loop* (:func:`run_open_loop`): requests arrive on a schedule whatever
@@ -27,52 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from infergraph_lite.serving.metrics import StageTimes, stage_times
+
 __all__ = ["LoadReport", "ServiceProfile", "StageTimes", "profile_service_time", "run_closed_loop", "run_open_loop",
            "stage_times"]
 
 Submit = Callable[[Any], Future]
-
-
-@dataclass(frozen=True)
-class StageTimes:
-    """Where one stage's time went, per request, in seconds (perf_analyzer's queue / compute split).
-
-    ``queue`` and ``compute`` are means per request; ``batch_size`` is the mean size per *batch*;
-    ``requests`` how many requests the means cover.
-    """
-
-    queue: float
-    compute: float
-    batch_size: float
-    requests: int = 0
-
-
-def stage_times(records: Mapping[str, Sequence[Any]]) -> dict[str, StageTimes]:
-    """Summarise per-stage request records into :class:`StageTimes`, stage by stage.
-
-    Each record has ``queue_time``, ``service_time`` and ``batch_size`` (a
-    :class:`~infergraph_lite.batching.RequestRecord`, as
-    :meth:`~infergraph_lite.batching.GraphServer.stage_records` returns).  The
-    mean batch size is per batch: ``n / sum(1 / size)`` over the requests.  A
-    stage with no records gets NaNs.
-
-    >>> from infergraph_lite.batching import RequestRecord
-    >>> t = stage_times({"embed": [RequestRecord(0.001, 0.002, 2), RequestRecord(0.003, 0.002, 2),
-    ...                            RequestRecord(0.0, 0.001, 1)]})["embed"]
-    >>> round(t.queue * 1e3, 6), round(t.compute * 1e3, 6), t.batch_size, t.requests
-    (1.333333, 1.666667, 1.5, 3)
-    """
-    summary = {}
-    for name, rows in records.items():
-        if not rows:
-            summary[name] = StageTimes(math.nan, math.nan, math.nan, 0)
-            continue
-        queue = np.fromiter((r.queue_time for r in rows), float, len(rows))
-        compute = np.fromiter((r.service_time for r in rows), float, len(rows))
-        sizes = np.fromiter((r.batch_size for r in rows), float, len(rows))
-        summary[name] = StageTimes(float(queue.mean()), float(compute.mean()),
-                                   float(len(sizes) / np.sum(1.0 / sizes)), len(rows))
-    return summary
 
 
 @dataclass(frozen=True)
@@ -82,7 +42,7 @@ class LoadReport:
     ``latencies`` are submit -> answer, in submit order; failed requests are
     counted in ``failed`` and left out of the latencies.  ``stages`` holds
     each stage's mean queue and compute time over the run when the server
-    keeps per-stage records (a :class:`~infergraph_lite.batching.GraphServer`).
+    keeps per-stage records (a :class:`~infergraph_lite.serving.graph_server.GraphServer`).
     """
 
     latencies: np.ndarray

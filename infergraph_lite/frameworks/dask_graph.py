@@ -33,9 +33,9 @@ import psutil
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
-from .graph import Graph, InvalidNodeError, Plan, prepare
-from .processes import stop_processes
-from .stage import Stage
+from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan, prepare
+from infergraph_lite.core.stage import Stage
+from infergraph_lite.serving.processes import stop_processes
 
 __all__ = ["DaskGraphCluster", "run_dask", "stage_item", "to_dask_graph"]
 
@@ -75,7 +75,7 @@ def to_dask_graph(
     requests' graphs can share one scheduler without their keys colliding.  Graph errors are raised
     here, before anything runs.
 
-    >>> from infergraph_lite.examples import banana_nodes, BANANA_INPUTS
+    >>> from infergraph_lite.lessons.examples import banana_nodes, BANANA_INPUTS
     >>> graph = to_dask_graph(banana_nodes(), BANANA_INPUTS)
     >>> sorted(graph)
     ['combine', 'modelA', 'modelB', 'pre', 'text']
@@ -84,7 +84,7 @@ def to_dask_graph(
     >>> to_dask_graph({"a": (len, ["b"]), "b": (len, ["a"])}, {})
     Traceback (most recent call last):
     ...
-    infergraph_lite.graph.CycleError: cycle: a -> b -> a
+    infergraph_lite.core.graph.CycleError: cycle: a -> b -> a
     """
     plan = plan if plan is not None else _prepare(nodes, inputs)
     plan.check_inputs(inputs)
@@ -109,7 +109,7 @@ def run_dask(nodes: Graph, inputs: Mapping[str, Any], *, client: Any = None) -> 
     Without a ``client``, Dask's threaded scheduler runs it in this process; with a
     ``distributed.Client``, the cluster does.
 
-    >>> from infergraph_lite.examples import banana_nodes, BANANA_INPUTS
+    >>> from infergraph_lite.lessons.examples import banana_nodes, BANANA_INPUTS
     >>> run_dask(banana_nodes(), BANANA_INPUTS)["combine"]
     {'len': 6, 'a_count': 3}
     """
@@ -134,7 +134,7 @@ class DaskGraphCluster:
     On exit the client and cluster are closed and every process the cluster started is waited for by
     PID (and stopped if it lingers).
 
-    >>> from infergraph_lite.examples import banana_nodes, BANANA_INPUTS
+    >>> from infergraph_lite.lessons.examples import banana_nodes, BANANA_INPUTS
     >>> with DaskGraphCluster(banana_nodes(), inputs=["text"], n_workers=1) as cluster:  # doctest: +SKIP
     ...     cluster.submit(BANANA_INPUTS).result()["combine"]
     {'len': 6, 'a_count': 3}

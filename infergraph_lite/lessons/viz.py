@@ -20,7 +20,7 @@ import networkx as nx
 from matplotlib.axes import Axes
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from .graph import Graph, levels
+from infergraph_lite.core.graph import Graph, levels
 
 __all__ = ["draw_levels", "plot_timeline", "show_source", "to_networkx"]
 

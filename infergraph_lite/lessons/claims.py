@@ -32,7 +32,7 @@ def expect(condition: object, claim: str, detail: str = "") -> str:
     >>> expect(1 > 2, "one is more than two", detail="1 vs 2")
     Traceback (most recent call last):
     ...
-    infergraph_lite.claims.ClaimError: the text claims: 'one is more than two', but this run's ... (1 vs 2)
+    infergraph_lite.lessons.claims.ClaimError: the text claims: 'one is more than two', but this run's ... (1 vs 2)
     """
     if not condition:
         raise ClaimError(claim, detail)

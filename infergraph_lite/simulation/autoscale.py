@@ -10,11 +10,11 @@ interval:
    row: a short burst does not buy replicas, a short lull does not give them back.
 
 :func:`simulate_autoscaling` runs one stage — the shared
-:class:`~infergraph_lite.policy.BatchPolicy`, like :func:`~infergraph_lite.simulate.simulate_batching` —
+:class:`~infergraph_lite.core.policy.BatchPolicy`, like :func:`~infergraph_lite.simulation.queue.simulate_batching` —
 under a time-varying load, calling the controller every ``interval`` of simulated time.  The queue carries
 over from one interval to the next; a new replica starts serving ``startup_time`` after it is ordered; a
 removed replica finishes the batch it is serving and then leaves.  Without an autoscaler it is exactly
-:func:`~infergraph_lite.simulate.simulate_batching` with a fixed fleet.
+:func:`~infergraph_lite.simulation.queue.simulate_batching` with a fixed fleet.
 
 Introduced in notebook 06.
 """
@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .policy import check_count, check_number
-from .simulate import LatencySummary, check_arrivals
-from .stage import Exponential, Stage, service_time_fn
+from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.metrics import LatencySummary
+from infergraph_lite.core.stage import Exponential, Stage, service_time_fn
+from infergraph_lite.simulation.queue import check_arrivals
 
 __all__ = ["AutoscaleResult", "Autoscaler", "simulate_autoscaling", "step_arrivals"]
 
@@ -147,7 +148,7 @@ def simulate_autoscaling(
 ) -> AutoscaleResult:
     """Serve ``arrivals`` (sorted times) with one batching stage whose replicas an :class:`Autoscaler` sets.
 
-    The stage's batching policy runs as in :func:`~infergraph_lite.simulate.simulate_batching`; with
+    The stage's batching policy runs as in :func:`~infergraph_lite.simulation.queue.simulate_batching`; with
     ``autoscaler=None`` its ``replicas`` stay fixed (and the result is exactly simulate_batching's).  With an
     autoscaler the stage starts at ``initial_replicas`` (default ``min_replicas``), and every ``interval`` the
     controller sees the ongoing requests (arrived, not yet finished) and may order replicas up or down, as

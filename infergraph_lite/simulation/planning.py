@@ -6,7 +6,7 @@ pipeline in the loop.  InferLine starts from a feasible, expensive configuration
 this planner runs the other way: it starts from the cheapest configuration that can keep up, greedily takes
 the change — one more replica somewhere, or another batch size or batch window for a model — that cuts the
 simulated end-to-end p99 the most per unit of cost until the target is met, then tries to take replicas away
-again.  Every candidate is checked by :func:`~infergraph_lite.simulate.simulate_graph`
+again.  Every candidate is checked by :func:`~infergraph_lite.simulation.graph.simulate_graph`
 with the same arrivals and draws (common random numbers), so candidates are compared fairly.
 
 Cost is replicas times their price per hour, and per million requests at the planned arrival rate.
@@ -25,9 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policy import check_count, check_number
-from .simulate import GraphResult, simulate_graph
-from .stage import Exponential, Stage, mean_service_time, prepare_stages
+from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.stage import Exponential, Stage, mean_service_time, prepare_stages
+from infergraph_lite.simulation.graph import GraphResult, simulate_graph
 
 __all__ = ["CapacityPlan", "brute_force_plan", "cost_per_hour", "cost_per_million", "plan_capacity",
            "tunable_stages", "uniform_plan"]

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # The repository's data/ folder (the package is installed in editable mode from the repository).
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 _WORD = re.compile(r"[a-z']+")
 
 

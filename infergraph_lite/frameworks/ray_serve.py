@@ -7,7 +7,7 @@ becomes a Ray Serve application:
   fractional CPU share (``ray_actor_options={"num_cpus": ...}``), so a whole graph fits on two cores;
 - a batching stage (``max_batch_size > 1``) runs its batch function under ``@serve.batch`` with
   ``max_batch_size`` and ``batch_wait_timeout_s = stage.max_wait``: Serve's dynamic batcher, the same
-  rule as the package's :class:`~infergraph_lite.policy.BatchPolicy`;
+  rule as the package's :class:`~infergraph_lite.core.policy.BatchPolicy`;
 - an *ingress* deployment (:class:`GraphIngress`) walks the DAG in topological order and hands each
   node the unawaited responses of its dependencies (Serve resolves them on the way), so the two
   branches of a fork really run at the same time;
@@ -59,11 +59,11 @@ import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
 
-from .execute import NodeError  # noqa: E402
-from .graph import MissingInputError, Plan  # noqa: E402
-from .policy import AIMD  # noqa: E402
-from .processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
-from .stage import Stage, prepare_stages  # noqa: E402
+from infergraph_lite.core.execute import NodeError  # noqa: E402
+from infergraph_lite.core.graph import MissingInputError, Plan  # noqa: E402
+from infergraph_lite.core.policy import AIMD  # noqa: E402
+from infergraph_lite.core.stage import Stage, prepare_stages  # noqa: E402
+from infergraph_lite.serving.processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
 
 __all__ = [
     "INGRESS_DEPLOYMENT",
@@ -298,14 +298,14 @@ class RayServeGraph:
     no dashboard), deploys one deployment per node plus the ingress without any HTTP proxy, checks
     that every listening socket of every process Ray started is on loopback, and answers
     ``served.submit({"text": ...})`` with a ``concurrent.futures.Future`` of every node's value (so
-    :func:`~infergraph_lite.loadtest.run_open_loop` and ``run_closed_loop`` drive it).  On exit Ray
+    :func:`~infergraph_lite.serving.loadtest.run_open_loop` and ``run_closed_loop`` drive it).  On exit Ray
     is shut down and every process it started is waited for, by PID (and stopped if it lingers).
 
     ``num_cpus_per_replica`` defaults to an equal share of ``num_cpus`` for every replica;
     ``autoscaling`` maps stage names to :func:`autoscaling_config` dicts (replacing ``replicas``).
     ``timings`` records seconds from the start to ``ray_init`` done and to ``deploy`` done.
 
-    >>> from infergraph_lite.examples import banana_nodes
+    >>> from infergraph_lite.lessons.examples import banana_nodes
     >>> stages = {"pre": (Stage(fn=lambda xs: [x.strip().lower() for x in xs]), ["text"]),
     ...           "n": (Stage(fn=lambda xs: [len(x) for x in xs], max_batch_size=8, max_wait=0.005), ["pre"])}
     >>> with RayServeGraph(stages, inputs=("text",)) as served:  # doctest: +SKIP

@@ -6,7 +6,7 @@ A graph is the seed's shape, kept everywhere in the collection::
 
 ``name -> (func, [dependency names])``.  A dependency is either another node or
 an *input*, a value handed to the executor.  This module only reasons about the
-shape; it never calls ``func`` (a served graph puts a :class:`~infergraph_lite.stage.Stage`
+shape; it never calls ``func`` (a served graph puts a :class:`~infergraph_lite.core.stage.Stage`
 there instead), and it imports nothing from the rest of the package at load time
 (:meth:`Plan.run` reaches the executors when it is called).
 
@@ -158,8 +158,11 @@ class Plan:
     ...                inputs=["text"])
     >>> plan.order, plan.levels
     (['pre', 'n', 'up'], [['pre'], ['n', 'up']])
-    >>> plan.run({"text": " ab "})["up"]
-    'AB'
+    >>> plan.dependents["pre"], plan.in_degree["up"]
+    (['n', 'up'], 1)
+
+    Run it with :func:`~infergraph_lite.core.execute.run_plan` or
+    :func:`~infergraph_lite.core.execute.run_plan_parallel`.
     """
 
     __slots__ = ("_generations", "_levels", "dependents", "in_degree", "inputs", "nodes", "order")
@@ -202,24 +205,6 @@ class Plan:
         if not self.nodes.keys().isdisjoint(inputs):
             raise NameConflictError(next(name for name in inputs if name in self.nodes))
 
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Run every node once, in :attr:`order`, and return the inputs plus every node's value.
-
-        See :func:`~infergraph_lite.execute.run_plan`.
-        """
-        from .execute import run_plan  # graph.py imports nothing from the package at load time
-
-        return run_plan(self, inputs)
-
-    def run_parallel(self, inputs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
-        """Run on a thread pool, each node as soon as its dependencies are done.
-
-        Options as :func:`~infergraph_lite.execute.run_plan_parallel` (``max_workers``, ``trace``, ``pool``).
-        """
-        from .execute import run_plan_parallel
-
-        return run_plan_parallel(self, inputs, **options)
-
     def critical_path(self, durations: Mapping[str, float] | Callable[[str], float]) -> tuple[list[str], float]:
         """The longest path, weighting each node by its duration; see :func:`critical_path`."""
         return _critical_path(self, durations)
@@ -239,7 +224,7 @@ def prepare(
     >>> prepare({"a": (len, ["b"]), "b": (len, ["a"])})
     Traceback (most recent call last):
     ...
-    infergraph_lite.graph.CycleError: cycle: a -> b -> a
+    infergraph_lite.core.graph.CycleError: cycle: a -> b -> a
     """
     # One pass checks each entry and counts its node dependencies; Kahn's algorithm then finds the order
     # and, by leaving nodes unreached, any cycle (the depth-first search runs only then, to name one).

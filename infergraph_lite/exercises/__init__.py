@@ -1,0 +1,2 @@
+"""The exercise notebooks' checkers and their feedback.
+"""
