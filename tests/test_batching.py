@@ -1,4 +1,4 @@
-"""batching.py: the real batcher keeps every promise under load, failure and shutdown."""
+"""serving/batcher.py: the real batcher keeps every promise under load, failure and shutdown."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
+from infergraph_lite import AIMD
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
 from infergraph_lite.serving.loadtest import profile_service_time
 
@@ -164,3 +165,68 @@ def test_profile_recovers_a_known_linear_cost():
     assert np.all(np.diff(profile.seconds) > 0)
     with pytest.raises(ValueError, match="at least two batch sizes"):
         profile_service_time(fake_model, lambda b: [0] * b, [4])
+
+
+@pytest.mark.parametrize("raised", [ValueError("bad input"), KeyboardInterrupt(), SystemExit(3)],
+                         ids=["Exception", "KeyboardInterrupt", "SystemExit"])
+def test_a_batch_that_raises_anything_fails_its_own_requests_and_the_worker_goes_on(raised):
+    def fn(xs):
+        if "boom" in xs:
+            raise raised
+        return xs
+
+    with DynamicBatcher(fn, max_batch_size=1) as batcher:
+        bad = batcher.submit("boom")
+        with pytest.raises(BatchError, match=type(raised).__name__) as info:
+            bad.result(timeout=5)
+        assert info.value.__cause__ is raised
+        assert batcher.submit("fine").result(timeout=5) == "fine"  # the worker survived
+
+
+def test_close_returns_within_its_timeout_and_fails_what_a_hung_batch_holds():
+    entered, release = threading.Event(), threading.Event()
+
+    def hangs(xs):
+        entered.set()
+        release.wait(10)
+        return xs
+
+    batcher = DynamicBatcher(hangs, max_batch_size=1)
+    running = batcher.submit(1)
+    assert entered.wait(5)
+    queued = batcher.submit(2)
+    started = time.monotonic()
+    batcher.close(timeout=0.3)
+    assert time.monotonic() - started < 2.0
+    for future in (running, queued):
+        with pytest.raises(BatchError, match=r"close\(\) gave up after 0.3 s"):
+            future.result(timeout=0)
+    release.set()  # the abandoned batch finishes later and must not try to answer twice
+    batcher._workers[0].join(5)
+    assert not batcher._workers[0].is_alive()
+
+
+def test_close_refuses_a_bad_timeout():
+    with DynamicBatcher(doubler) as batcher, pytest.raises(ValueError, match="timeout must be a finite number"):
+        batcher.close(timeout="soon")
+
+
+def test_an_all_cancelled_batch_is_not_counted_as_a_full_batch_by_aimd():
+    entered, gate = threading.Event(), threading.Event()
+    aimd = AIMD(latency_target=1.0, cap=2, max_size=8)
+
+    def fn(xs):
+        entered.set()
+        gate.wait(2)
+        return xs
+
+    with DynamicBatcher(fn, max_batch_size=aimd, max_wait=0.0) as batcher:
+        first = batcher.submit(0)
+        assert entered.wait(5)  # the worker is held by the first batch
+        doomed = [batcher.submit(i) for i in (1, 2)]
+        assert all(f.cancel() for f in doomed)
+        cap_before = batcher.max_batch_size
+        gate.set()
+        first.result(timeout=5)
+    # the cancelled pair formed a full batch of 2 that ran nothing: it must not have grown the cap
+    assert batcher.max_batch_size == cap_before

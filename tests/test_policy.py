@@ -106,9 +106,12 @@ def run_real_batcher(arrivals, s, max_batch_size, max_wait):
     return batcher.batches
 
 
+# Service times are multiples of 0.001 and AIMD targets sit half-way between two of them: a batch that takes
+# exactly the target is a tie that floating-point (a clock's end - start vs the simulator's s(b)) may break
+# either way, and this test is about the policy, not about float rounding.
 caps = st.one_of(st.none(), st.integers(1, 6), st.builds(
-    AIMD, latency_target=st.floats(1.5, 4.0), increase=st.integers(1, 2), decrease=st.sampled_from([0.25, 0.5]),
-    cap=st.integers(1, 3), max_size=st.integers(3, 8)))
+    AIMD, latency_target=st.floats(1.5, 4.0).map(lambda x: round(x, 3) + 0.0005), increase=st.integers(1, 2),
+    decrease=st.sampled_from([0.25, 0.5]), cap=st.integers(1, 3), max_size=st.integers(3, 8)))
 
 
 @settings(max_examples=40)
@@ -116,8 +119,8 @@ caps = st.one_of(st.none(), st.integers(1, 6), st.builds(
     gaps=st.lists(st.floats(0.0, 3.0), min_size=2, max_size=40),
     cap=caps,
     max_wait=st.sampled_from([0.0, 0.5, 1.7, 4.0]),
-    alpha=st.floats(0.2, 2.0),
-    beta=st.floats(0.0, 0.6),
+    alpha=st.floats(0.2, 2.0).map(lambda x: round(x, 3)),
+    beta=st.floats(0.0, 0.6).map(lambda x: round(x, 3)),
 )
 def test_real_batcher_on_a_virtual_clock_forms_the_simulators_batches(gaps, cap, max_wait, alpha, beta):
     arrivals = np.round(np.cumsum(gaps), 6)  # rounded: float sums must not depend on the order of addition

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
 
-from infergraph_lite import AIMD, DynamicBatcher, Exponential, InvalidNodeError, Stage, capacity
+from infergraph_lite import AIMD, DynamicBatcher, Exponential, InvalidNodeError, QueueFullError, Stage, capacity
 from infergraph_lite.core.stage import mean_service_time, prepare_stages, service_time_fn
 from infergraph_lite.lessons.examples import text_pipeline, text_pipeline_stages, trained_text_models
 from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
@@ -82,7 +83,8 @@ def test_open_loop_keeps_its_schedule_and_counts_failures():
     with DynamicBatcher(fn, max_batch_size=1) as batcher:
         report = run_open_loop(batcher, np.arange(6) * 0.002, make_item=lambda i: i)
     assert report.failed == 1 and len(report.latencies) == 5 and report.throughput > 0
-    assert set(report.summary()) == {"throughput_rps", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "failed"}
+    assert set(report.summary()) == {"throughput_rps", "mean_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "failed",
+                                     "refused"}
 
 
 def test_closed_loop_never_has_more_requests_in_flight_than_clients():
@@ -140,3 +142,57 @@ def test_aimd_runs_in_the_real_batcher_too():
         for _ in range(20):
             [f.result(timeout=5) for f in [batcher.submit(i) for i in range(8)]]
     assert max(b.size for b in batcher.batches) == 4 and batcher.max_batch_size == 4
+
+
+def test_open_loop_counts_refusals_at_submit_and_serves_the_rest():
+    entered, gate = threading.Event(), threading.Event()
+
+    def fn(xs):
+        entered.set()
+        gate.wait(5.0)  # the first batch holds the worker, so the queue fills behind it
+        return xs
+
+    with DynamicBatcher(fn, max_batch_size=1, max_queue_size=2) as batcher:
+        first = batcher.submit(-1)
+        assert entered.wait(5.0)
+        calls = 0
+
+        def submit(item):
+            nonlocal calls
+            calls += 1
+            try:
+                return batcher.submit(item)
+            finally:
+                if calls == 7:
+                    gate.set()  # after the last submit: only then may the worker drain the queue
+
+        report = run_open_loop(submit, np.zeros(7), make_item=lambda i: i, timeout=10.0)
+        first.result(timeout=5.0)
+    # 2 wait behind the running request; the other 5 are refused synchronously, and nothing is abandoned
+    assert (report.refused, len(report.latencies), report.failed) == (5, 2, 0)
+    assert "refused 5" in str(report)
+
+
+def test_open_loop_times_requests_from_their_schedule_and_reports_its_lag():
+    def slow_submit(item):
+        time.sleep(0.05)  # a submit that blocks makes the generator fall behind its schedule
+        future: Future = Future()
+        future.set_result(item)
+        return future
+
+    report = run_open_loop(slow_submit, np.zeros(5), make_item=lambda i: i)
+    # request i was due at 0 but submitted after i slow submits: its latency includes that lag
+    assert report.max_lag >= 0.15
+    assert report.latencies[-1] >= 0.2 > report.latencies[0]
+
+
+def test_closed_loop_counts_refusals_apart_from_failures():
+    def submit(item):
+        if item % 2:
+            raise QueueFullError("full")
+        future: Future = Future()
+        future.set_result(item)
+        return future
+
+    report = run_closed_loop(submit, n_clients=2, n_requests=10, make_item=lambda i: i)
+    assert (report.refused, report.failed, len(report.latencies)) == (5, 0, 5)

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from infergraph_lite.core.arguments import check_count
+from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.serving.metrics import BatchRecord, RequestRecord
 
@@ -115,6 +115,8 @@ class DynamicBatcher:
         self._records: list[tuple[float, float, int]] = []  # raw, cheap to append on the worker's hot path
         self._batches: list[BatchRecord] = []
         self._queue: deque[_Pending] = deque()
+        self._running: dict[int, _Pending] = {}  # taken by a worker, not yet answered (close() may answer them)
+        self._broken: BaseException | None = None  # set if a worker thread itself died
         self._cond = threading.Condition()
         self._closed = False
         self._submitted = 0
@@ -154,6 +156,9 @@ class DynamicBatcher:
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
+            if self._broken is not None:
+                raise BatchError(f"{self.name}: a worker thread died ({type(self._broken).__name__}: "
+                                 f"{self._broken}); the batcher accepts no more requests")
             if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
                 raise QueueFullError(f"{self.name}: queue is full ({self.max_queue_size} waiting, max_queue_size); "
                                      "request refused")
@@ -168,13 +173,24 @@ class DynamicBatcher:
                 self._cond.notify()
         return future
 
-    def close(self) -> None:
-        """Stop accepting requests, serve everything already queued, and stop the workers."""
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Stop accepting requests, serve everything already queued, and stop the workers.
+
+        Returns within ``timeout`` seconds (None: waits as long as the batches take).  A batch still
+        running then (a ``batch_fn`` that hangs) is abandoned to its daemon thread, and every request
+        not yet answered — queued or in that batch — fails with :class:`BatchError`, so no future hangs.
+        """
+        if timeout is not None:
+            check_number("timeout", timeout, positive=False)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
         for worker in self._workers:
-            worker.join()
+            worker.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        if any(worker.is_alive() for worker in self._workers):
+            self._fail_unanswered(BatchError(f"{self.name}: close() gave up after {timeout} s with a batch "
+                                             "still running; this request was not answered"))
 
     def __enter__(self) -> DynamicBatcher:
         return self
@@ -182,8 +198,9 @@ class DynamicBatcher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _next_batch(self) -> tuple[list[_Pending], float] | None:
-        # Wait until the policy says a batch may start; None once closed and drained.
+    def _next_batch(self) -> tuple[int, int, list[_Pending], float] | None:
+        # Wait until the policy says a batch may start; None once closed and drained.  Returns the batch's
+        # first request number, its size, the requests not cancelled (now running), and the start time.
         policy, queue = self.policy, self._queue
         with self._cond:
             while True:
@@ -194,9 +211,11 @@ class DynamicBatcher:
                     start = now if self._closed else policy.start_time(now, queue[0].submitted, full_at)
                     if start <= now:
                         batch = [queue.popleft() for _ in range(policy.take(len(queue)))]
+                        live = [p for p in batch if p.future.set_running_or_notify_cancel()]  # skip cancelled
+                        self._running.update((p.number, p) for p in live)
                         if queue:
                             self._cond.notify()  # more waits: another idle worker may start on it
-                        return batch, now
+                        return batch[0].number, len(batch), live, now
                     self.clock.wait(self._cond, start - now)
                 elif self._closed:
                     return None
@@ -204,27 +223,50 @@ class DynamicBatcher:
                     self.clock.wait(self._cond, None)
 
     def _serve(self) -> None:
-        while (taken := self._next_batch()) is not None:
-            batch, started = taken
-            first, size = batch[0].number, len(batch)
-            batch = [p for p in batch if p.future.set_running_or_notify_cancel()]  # skip cancelled requests
-            if batch:
-                try:
-                    results = list(self.batch_fn([p.item for p in batch]))
-                    error = None if len(results) == len(batch) else BatchError(
-                        f"{self.name}: batch_fn returned {len(results)} results for a batch of {len(batch)}")
-                except Exception as exc:  # noqa: BLE001 - every request of the batch is told, the worker goes on
-                    results, error = [], BatchError(f"{self.name}: batch of {len(batch)} failed: "
-                                                    f"{type(exc).__name__}: {exc}")
-                    error.__cause__ = exc
-            ended = self.clock.now()
-            service = ended - started
+        try:
+            while (taken := self._next_batch()) is not None:
+                self._run(*taken)
+        except BaseException as exc:
+            # Only a fault of the batcher itself gets here (a batch_fn's errors are caught in _run): fail what
+            # is waiting and refuse new requests rather than leave futures that never resolve.
             with self._cond:
+                self._broken = exc
+            self._fail_unanswered(BatchError(f"{self.name}: a worker thread died: {type(exc).__name__}: {exc}"))
+            raise
+
+    def _run(self, first: int, size: int, batch: list[_Pending], started: float) -> None:
+        error: BatchError | None = None
+        results: list[Any] = []
+        if batch:
+            try:
+                results = list(self.batch_fn([p.item for p in batch]))
+                if len(results) != len(batch):
+                    error = BatchError(f"{self.name}: batch_fn returned {len(results)} results for a batch of "
+                                       f"{len(batch)}")
+            except BaseException as exc:  # noqa: BLE001 - SystemExit or KeyboardInterrupt from a model too:
+                # every request of the batch is told, and the worker goes on serving the others
+                error = BatchError(f"{self.name}: batch of {len(batch)} failed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+        ended = self.clock.now()
+        service = ended - started
+        with self._cond:
+            if batch:  # a batch whose requests were all cancelled ran nothing: it tells an AIMD nothing
                 self.policy.observe(service, size)
-                self._batches.append(BatchRecord(first, size, started, ended))
-                self._records.extend((started - p.submitted, service, len(batch)) for p in batch)
-            for i, pending in enumerate(batch):
-                if error is None:
-                    pending.future.set_result(results[i])
-                else:
-                    pending.future.set_exception(error)
+            self._batches.append(BatchRecord(first, size, started, ended))
+            self._records.extend((started - p.submitted, service, len(batch)) for p in batch)
+            # close() may have answered some already (it gave up waiting): answer only those still ours
+            mine = [(i, p) for i, p in enumerate(batch) if self._running.pop(p.number, None) is not None]
+        for i, pending in mine:
+            if error is None:
+                pending.future.set_result(results[i])
+            else:
+                pending.future.set_exception(error)
+
+    def _fail_unanswered(self, error: BatchError) -> None:
+        with self._cond:
+            left = [*self._queue, *self._running.values()]
+            self._queue.clear()
+            self._running.clear()
+        for pending in left:  # queued ones are still pending (or cancelled), running ones are running
+            if pending.future.running() or pending.future.set_running_or_notify_cancel():
+                pending.future.set_exception(error)

@@ -39,10 +39,16 @@ Submit = Callable[[Any], Future]
 class LoadReport:
     """What a load test measured: per-request latencies (seconds) and their summaries.
 
-    ``latencies`` are submit -> answer, in submit order; failed requests are
-    counted in ``failed`` and left out of the latencies.  ``stages`` holds
-    each stage's mean queue and compute time over the run when the server
-    keeps per-stage records (a :class:`~infergraph_lite.serving.graph_server.GraphServer`).
+    ``latencies`` are arrival -> answer, in submit order (in an open loop the
+    arrival is the *scheduled* time, so a generator that falls behind its
+    schedule cannot hide its lag in the latencies); requests the server
+    accepted but failed are counted in ``failed``, requests it refused at
+    ``submit`` (a full queue: :class:`~infergraph_lite.serving.batcher.QueueFullError`,
+    or any error raised by ``submit`` itself) in ``refused``; neither is in
+    the latencies.  ``max_lag`` is how far behind schedule the generator
+    submitted its latest request (open loop; seconds).  ``stages`` holds each
+    stage's mean queue and compute time over the run when the server keeps
+    per-stage records (a :class:`~infergraph_lite.serving.graph_server.GraphServer`).
     """
 
     latencies: np.ndarray
@@ -50,6 +56,8 @@ class LoadReport:
     failed: int = 0
     mode: str = "open loop"
     stages: Mapping[str, StageTimes] = field(default_factory=dict)
+    refused: int = 0
+    max_lag: float = 0.0
 
     @property
     def throughput(self) -> float:
@@ -67,12 +75,14 @@ class LoadReport:
     def summary(self) -> dict[str, float]:
         """Throughput (req/s) and mean, p50, p90, p95, p99 latency (ms), as perf_analyzer prints them."""
         ms = {f"p{q}_ms": 1e3 * self.percentile(q) for q in (50, 90, 95, 99)}
-        return {"throughput_rps": self.throughput, "mean_ms": 1e3 * self.mean, **ms, "failed": float(self.failed)}
+        return {"throughput_rps": self.throughput, "mean_ms": 1e3 * self.mean, **ms, "failed": float(self.failed),
+                "refused": float(self.refused)}
 
     def __str__(self) -> str:
         s = self.summary()
         lines = [f"{self.mode}: {len(self.latencies)} requests in {self.elapsed:.2f} s, "
-                 f"throughput {s['throughput_rps']:.1f} req/s, failed {self.failed}",
+                 f"throughput {s['throughput_rps']:.1f} req/s, failed {self.failed}"
+                 + (f", refused {self.refused}" if self.refused else ""),
                  "  latency ms: " + ", ".join(f"{k[:-3]} {s[k]:.2f}" for k in ("mean_ms", "p50_ms", "p90_ms",
                                                                                   "p95_ms", "p99_ms"))]
         for name, t in self.stages.items():
@@ -141,28 +151,35 @@ def run_open_loop(
         raise ValueError("arrivals must be a 1-d, sorted sequence of offsets >= 0 (seconds)")
     n = len(arrivals)
     done_at = [math.nan] * n
-    submitted_at = [math.nan] * n
-    futures: list[Future] = []
+    futures: dict[int, Future] = {}
+    refused = 0
+    max_lag = 0.0
     start = time.perf_counter()
     for i, offset in enumerate(arrivals.tolist()):
         delay = start + offset - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        submitted_at[i] = time.perf_counter()
-        future = submit(make_item(i))
+        max_lag = max(max_lag, -delay)
+        try:
+            future = submit(make_item(i))
+        except Exception:  # noqa: BLE001 - a refusal (a full queue) is counted; the requests in flight go on
+            refused += 1
+            continue
         future.add_done_callback(_stamp(done_at, i))
-        futures.append(future)
+        futures[i] = future
     failed = 0
     deadline = time.perf_counter() + timeout
-    for future in futures:
+    for future in futures.values():
         try:
             future.result(timeout=max(deadline - time.perf_counter(), 0.0))
         except Exception:  # noqa: BLE001 - a failed request is counted, not raised: the report says how many
             failed += 1
-    ok = [i for i, f in enumerate(futures) if f.done() and not f.cancelled() and f.exception() is None]
-    latencies = np.asarray([done_at[i] - submitted_at[i] for i in ok])
+    ok = [i for i, f in futures.items() if f.done() and not f.cancelled() and f.exception() is None]
+    # From the scheduled arrival, as an open-loop client sees it: a late submit is the generator's lag, and
+    # a server that makes the generator late (by holding the interpreter lock) pays for it here.
+    latencies = np.asarray([done_at[i] - (start + arrivals[i]) for i in ok])
     elapsed = (max(done_at[i] for i in ok) - start) if ok else 0.0
-    return LoadReport(latencies, elapsed, failed, "open loop", _stages_since(marks))
+    return LoadReport(latencies, elapsed, failed, "open loop", _stages_since(marks), refused, max_lag)
 
 
 def run_closed_loop(
@@ -194,12 +211,12 @@ def run_closed_loop(
     lock = threading.Lock()
     next_index = 0
     latencies: list[float] = []
-    failed = 0
+    failed = refused = 0
     start = time.perf_counter()
     stop_at = start + max_seconds
 
     def client() -> None:
-        nonlocal next_index, failed
+        nonlocal next_index, failed, refused
         while True:
             with lock:
                 if next_index >= n_requests or time.perf_counter() >= stop_at:
@@ -208,7 +225,13 @@ def run_closed_loop(
                 next_index += 1
             sent = time.perf_counter()
             try:
-                submit(make_item(i)).result(timeout=max(stop_at - sent, 0.001) + 5.0)
+                future = submit(make_item(i))
+            except Exception:  # noqa: BLE001 - a refusal at submit (a full queue) is counted, not raised
+                with lock:
+                    refused += 1
+                continue
+            try:
+                future.result(timeout=max(stop_at - sent, 0.001) + 5.0)
                 took = time.perf_counter() - sent
                 with lock:
                     latencies.append(took)
@@ -223,7 +246,7 @@ def run_closed_loop(
         t.join()
     elapsed = time.perf_counter() - start
     return LoadReport(np.asarray(latencies), elapsed, failed, f"closed loop, {n_clients} clients",
-                      _stages_since(marks))
+                      _stages_since(marks), refused)
 
 
 @dataclass(frozen=True)
