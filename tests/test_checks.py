@@ -1,4 +1,4 @@
-"""checks.py: every checker rejects plausible wrong answers with a specific reason, and spots stubs.
+"""The checkers of exercises 01-05 and 07: each rejects plausible wrong answers with a specific reason, and spots stubs.
 
 That each accepts the worked answer is shown by solutions/, whose check cells must print "Correct"
 (tests/test_exercises.py), re-run by nbval.
@@ -6,13 +6,21 @@ That each accepts the worked answer is shown by solutions/, whose check cells mu
 
 from __future__ import annotations
 
+import importlib
 import re
+import subprocess
+import sys
 
 import pytest
 
 from infergraph_lite import critical_path, levels, run_graph, simulate_batching
-from infergraph_lite.exercises import checks
-from infergraph_lite.exercises.checks import Feedback
+from infergraph_lite.exercises import lesson01, lesson02, lesson03, lesson04, lesson05, lesson07
+from infergraph_lite.exercises.feedback import Feedback, WrongAnswer, require_count, require_number
+from infergraph_lite.frameworks.triton import parse_pbtxt, triton_available
+
+LESSONS = [f"infergraph_lite.exercises.lesson0{n}" for n in range(1, 8)]
+CHECKERS = [(f"{module.rsplit('.', 1)[1]}.{name}", getattr(importlib.import_module(module), name))
+            for module in LESSONS for name in importlib.import_module(module).__all__ if name.startswith("check_")]
 
 
 def stub(*_args, **_kwargs):
@@ -44,15 +52,44 @@ def test_feedback_renders_as_a_coloured_box_per_status_that_wraps_only_between_w
         Feedback("almost", "x")
 
 
-@pytest.mark.parametrize("checker", [c for name, c in vars(checks).items() if name.startswith("check_")])
+def test_every_lesson_exports_its_checkers_and_nothing_is_exported_twice():
+    names = [label.split(".")[1] for label, _ in CHECKERS]
+    assert len(names) == len(set(names)) == 23  # the checks of notebooks 01-07
+    for module in map(importlib.import_module, LESSONS):
+        defined = {name for name in vars(module) if name.startswith("check_")}
+        assert defined == {name for name in module.__all__ if name.startswith("check_")}, module.__name__
+        assert all(hasattr(module, name) for name in module.__all__)
+
+
+@pytest.mark.parametrize("checker", [c for _, c in CHECKERS], ids=[label for label, _ in CHECKERS])
 def test_every_checker_reports_a_stub_as_not_done_never_raising(checker):
     feedback = checker(stub)
     assert feedback.status == "not done" and not feedback.passed
     assert "Hint: use (func, ['combine'])" in feedback.message
 
 
+def test_lesson02_loads_neither_triton_nor_the_planner():
+    # A fresh interpreter: this one has imported every lesson already.
+    code = ("import infergraph_lite.exercises.lesson02, sys; "
+            "print(sorted(m for m in sys.modules if m.startswith(('infergraph_lite.frameworks', 'tritonclient', "
+            "'infergraph_lite.simulation.planning'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
+
+
+def test_answer_counts_and_numbers_are_checked_by_the_core_argument_checks_and_read_as_wrong_answers():
+    assert require_count("replicas", 3) == 3
+    with pytest.raises(WrongAnswer, match=r"replicas of 'embed' must be an integer >= 1, got 2.5"):
+        require_count("replicas of 'embed'", 2.5)
+    with pytest.raises(WrongAnswer, match="max_wait must be >= 0, got -1"):
+        require_number("max_wait", -1, positive=False)
+    assert_wrong(lesson04.check_fewest_replicas(lambda rate, service, target: 2.0), "must be an integer >= 1")
+    assert_wrong(lesson04.check_fanout_median(lambda k, load: float("nan")), "median latency in ms for k=1",
+                 "finite number")
+
+
 def test_a_crashing_answer_is_feedback_not_an_exception():
-    feedback = checks.check_add_postprocess(lambda nodes: 1 / 0)
+    feedback = lesson01.check_add_postprocess(lambda nodes: 1 / 0)
     assert_wrong(feedback, "ZeroDivisionError")
 
 
@@ -70,9 +107,9 @@ def test_add_postprocess_rejects_wrong_wiring_mutation_and_hard_coding():
     def hard_coded(nodes):
         return dict(nodes, postprocess=(lambda d: "len=6 a_count=3", ["combine"]))
 
-    assert_wrong(checks.check_add_postprocess(wrong_dep), "depend on ['combine']")
-    assert_wrong(checks.check_add_postprocess(mutates), "changed the graph it was given")
-    assert_wrong(checks.check_add_postprocess(hard_coded), "don't hard-code")
+    assert_wrong(lesson01.check_add_postprocess(wrong_dep), "depend on ['combine']")
+    assert_wrong(lesson01.check_add_postprocess(mutates), "changed the graph it was given")
+    assert_wrong(lesson01.check_add_postprocess(hard_coded), "don't hard-code")
 
 
 def test_modelC_rejects_a_sequential_model_and_a_wrong_count():
@@ -86,8 +123,8 @@ def test_modelC_rejects_a_sequential_model_and_a_wrong_count():
         return dict(nodes, modelC=(lambda s: sum(c in "aeiouy" for c in s) + s.count("q"), ["pre"]),
                     combine=(combine, ["modelA", "modelB", "modelC"]))
 
-    assert_wrong(checks.check_modelC(after_modelA), "depend on ['pre'] only")
-    assert_wrong(checks.check_modelC(counts_y), "4 vowels")
+    assert_wrong(lesson01.check_modelC(after_modelA), "depend on ['pre'] only")
+    assert_wrong(lesson01.check_modelC(counts_y), "4 vowels")
 
 
 def test_confidence_gate_rejects_and_instead_of_or_and_a_wrong_threshold():
@@ -99,8 +136,8 @@ def test_confidence_gate_rejects_and_instead_of_or_and_a_wrong_threshold():
         gate = lambda t, s: min(t["confidence"], s["confidence"]) <= 0.6  # noqa: E731
         return dict(nodes, needs_review=(gate, ["topic", "sentiment"]))
 
-    assert_wrong(checks.check_confidence_gate(both_low), "either is below 0.6")
-    assert_wrong(checks.check_confidence_gate(inclusive), "confidence 0.6")
+    assert_wrong(lesson01.check_confidence_gate(both_low), "either is below 0.6")
+    assert_wrong(lesson01.check_confidence_gate(inclusive), "confidence 0.6")
 
 
 # --- 02 ------------------------------------------------------------------------------------------------
@@ -121,8 +158,8 @@ def test_run_graph_with_levels_rejects_shallowest_dependency_and_one_flat_level(
     def flat(nodes, inputs):
         return run_graph(nodes, inputs), [sorted(nodes)]
 
-    assert_wrong(checks.check_run_graph_with_levels(by_shallowest), "skip edge", "deepest")
-    assert_wrong(checks.check_run_graph_with_levels(flat), "diamond")
+    assert_wrong(lesson02.check_run_graph_with_levels(by_shallowest), "skip edge", "deepest")
+    assert_wrong(lesson02.check_run_graph_with_levels(flat), "diamond")
 
 
 def test_find_cycle_nodes_rejects_leftover_nodes_and_reversed_order():
@@ -144,8 +181,8 @@ def test_find_cycle_nodes_rejects_leftover_nodes_and_reversed_order():
         cycle = find_cycle(nodes)
         return cycle[::-1] if cycle and len(cycle) > 2 else cycle
 
-    assert_wrong(checks.check_find_cycle_nodes(leftovers), "3-cycle with a tail", "not part of it")
-    assert_wrong(checks.check_find_cycle_nodes(reversed_cycle), "data-flow order")
+    assert_wrong(lesson02.check_find_cycle_nodes(leftovers), "3-cycle with a tail", "not part of it")
+    assert_wrong(lesson02.check_find_cycle_nodes(reversed_cycle), "data-flow order")
 
 
 def test_missing_dependencies_rejects_first_only_and_counting_nodes_as_missing():
@@ -160,8 +197,8 @@ def test_missing_dependencies_rejects_first_only_and_counting_nodes_as_missing()
         found = {n: [d for d in dict.fromkeys(deps) if d not in inputs] for n, (_, deps) in nodes.items()}
         return {n: m for n, m in found.items() if m}
 
-    assert_wrong(checks.check_missing_dependencies(first_only), "report every node")
-    assert_wrong(checks.check_missing_dependencies(ignores_nodes), "not missing")
+    assert_wrong(lesson02.check_missing_dependencies(first_only), "report every node")
+    assert_wrong(lesson02.check_missing_dependencies(ignores_nodes), "not missing")
 
 
 def test_run_only_needed_rejects_running_everything_and_running_twice():
@@ -177,8 +214,8 @@ def test_run_only_needed_rejects_running_everything_and_running_twice():
 
         return {w: value(w) for w in wanted}
 
-    assert_wrong(checks.check_run_only_needed(everything), "only pre and modelA")
-    assert_wrong(checks.check_run_only_needed(twice), "exactly once")
+    assert_wrong(lesson02.check_run_only_needed(everything), "only pre and modelA")
+    assert_wrong(lesson02.check_run_only_needed(twice), "exactly once")
 
 
 # --- 03 ------------------------------------------------------------------------------------------------
@@ -186,9 +223,9 @@ def test_run_only_needed_rejects_running_everything_and_running_twice():
 
 def test_parallel_speedup_bound_rejects_width_and_inverted_ratio():
     # The width of the widest level is a plausible wrong answer (the most workers ever busy at once).
-    assert_wrong(checks.check_parallel_speedup_bound(lambda nodes, d: float(max(map(len, levels(nodes, ["x"]))))),
+    assert_wrong(lesson03.check_parallel_speedup_bound(lambda nodes, d: float(max(map(len, levels(nodes, ["x"]))))),
                  "sequential time divided by the critical path")
-    assert_wrong(checks.check_parallel_speedup_bound(
+    assert_wrong(lesson03.check_parallel_speedup_bound(
         lambda nodes, d: critical_path(nodes, d)[1] / sum(d.values())), "divided by")
 
 
@@ -208,9 +245,9 @@ def test_run_asap_parallel_rejects_sequential_and_level_by_level_executors():
                 results.update({n: f.result() for n, f in futures.items()})
         return results
 
-    assert_wrong(checks.check_run_asap_parallel(sequential), "ran one after the other", "at the same time")
-    assert_wrong(checks.check_run_asap_parallel(by_levels), "after_fast waited for slow", "level-by-level")
-    assert checks.check_run_asap_parallel(lambda nodes, inputs, workers: run_graph_parallel(nodes, inputs,
+    assert_wrong(lesson03.check_run_asap_parallel(sequential), "ran one after the other", "at the same time")
+    assert_wrong(lesson03.check_run_asap_parallel(by_levels), "after_fast waited for slow", "level-by-level")
+    assert lesson03.check_run_asap_parallel(lambda nodes, inputs, workers: run_graph_parallel(nodes, inputs,
                                                                                             max_workers=workers)).passed
 
 
@@ -221,8 +258,8 @@ def test_best_node_to_speed_up_rejects_the_longest_node_and_the_first_on_the_pat
     def first_on_path(nodes, durations):
         return critical_path(nodes, durations)[0][0]
 
-    assert_wrong(checks.check_best_node_to_speed_up(longest), "longest node is not always")
-    assert_wrong(checks.check_best_node_to_speed_up(first_on_path), "you chose", "a shorter one may sit on every")
+    assert_wrong(lesson03.check_best_node_to_speed_up(longest), "longest node is not always")
+    assert_wrong(lesson03.check_best_node_to_speed_up(first_on_path), "you chose", "a shorter one may sit on every")
 
 
 # --- 04 ------------------------------------------------------------------------------------------------
@@ -241,8 +278,8 @@ def test_fewest_replicas_rejects_capacity_only_and_an_off_by_one():
             r += 1
         return r + 1
 
-    assert_wrong(checks.check_fewest_replicas(capacity_only), "the tail")
-    assert_wrong(checks.check_fewest_replicas(one_extra), "the simulation says")
+    assert_wrong(lesson04.check_fewest_replicas(capacity_only), "the tail")
+    assert_wrong(lesson04.check_fewest_replicas(one_extra), "the simulation says")
 
 
 def test_fewest_replicas_accepts_a_correct_answer_simulated_with_another_seed():
@@ -256,7 +293,7 @@ def test_fewest_replicas_accepts_a_correct_answer_simulated_with_another_seed():
         return fewest
 
     for seed in (0, 3, 17):
-        assert checks.check_fewest_replicas(with_seed(seed)).passed
+        assert lesson04.check_fewest_replicas(with_seed(seed)).passed
 
 
 def test_fanout_median_accepts_exact_and_sampled_answers_and_rejects_one_calls_median_and_p99():
@@ -277,26 +314,26 @@ def test_fanout_median_accepts_exact_and_sampled_answers_and_rejects_one_calls_m
     def one_call_p99(k, load):
         return float(np.percentile(simulate_batching(load / 10.0, 10.0, n_requests=50_000).latencies, 99))
 
-    assert checks.check_fanout_median(exact).passed
-    assert checks.check_fanout_median(sampled).passed
-    assert_wrong(checks.check_fanout_median(one_call_median), "slowest of its calls")
-    assert_wrong(checks.check_fanout_median(one_call_p99), "P(one call <= x) ** k")
+    assert lesson04.check_fanout_median(exact).passed
+    assert lesson04.check_fanout_median(sampled).passed
+    assert_wrong(lesson04.check_fanout_median(one_call_median), "slowest of its calls")
+    assert_wrong(lesson04.check_fanout_median(one_call_p99), "P(one call <= x) ** k")
 
 
 def test_variability_penalty_rejects_latency_ratio_and_a_constant_guess_of_one():
     from infergraph_lite.simulation.theory import md1_mean_latency, mm1_mean_latency
 
-    assert_wrong(checks.check_variability_penalty(lambda rho: mm1_mean_latency(rho, 1.0) / md1_mean_latency(rho, 1.0)),
-                 "latency adds s")
-    assert_wrong(checks.check_variability_penalty(lambda rho: 1.0))
+    latency_ratio = lambda rho: mm1_mean_latency(rho, 1.0) / md1_mean_latency(rho, 1.0)  # noqa: E731
+    assert_wrong(lesson04.check_variability_penalty(latency_ratio), "latency adds s")
+    assert_wrong(lesson04.check_variability_penalty(lambda rho: 1.0))
 
 
 # --- 05 ------------------------------------------------------------------------------------------------
 
 
 def test_batching_capacity_rejects_per_batch_rate_and_forgetting_beta_b():
-    assert_wrong(checks.check_batching_capacity(lambda a, b_, n: 1 / (a + b_ * n)), "b requests every")
-    assert_wrong(checks.check_batching_capacity(lambda a, b_, n: n / (a + b_)))
+    assert_wrong(lesson05.check_batching_capacity(lambda a, b_, n: 1 / (a + b_ * n)), "b requests every")
+    assert_wrong(lesson05.check_batching_capacity(lambda a, b_, n: n / (a + b_)))
 
 
 def test_batch_sizes_greedy_rejects_fixed_batches_and_counting_too_late():
@@ -312,8 +349,8 @@ def test_batch_sizes_greedy_rejects_fixed_batches_and_counting_too_late():
             i += 1
         return sizes
 
-    assert_wrong(checks.check_batch_sizes_greedy(fixed), "the policy gives")
-    assert_wrong(checks.check_batch_sizes_greedy(counts_at_arrival), "free server takes everything")
+    assert_wrong(lesson05.check_batch_sizes_greedy(fixed), "the policy gives")
+    assert_wrong(lesson05.check_batch_sizes_greedy(counts_at_arrival), "free server takes everything")
 
 
 def test_window_tradeoff_rejects_swapped_loads_and_missing_windows():
@@ -326,8 +363,8 @@ def test_window_tradeoff_rejects_swapped_loads_and_missing_windows():
                       "high": {"latency": low.mean_latency, "batch": low.mean_batch_size}}
         return out
 
-    assert_wrong(checks.check_window_tradeoff(swapped))
-    assert_wrong(checks.check_window_tradeoff(lambda windows: {0.0: {}}), "one entry per window")
+    assert_wrong(lesson05.check_window_tradeoff(swapped))
+    assert_wrong(lesson05.check_window_tradeoff(lambda windows: {0.0: {}}), "one entry per window")
 
 
 GOOD_ENSEMBLE = """
@@ -353,29 +390,24 @@ ensemble_scheduling {
 
 
 def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_otherwise():
-    assert checks.check_triton_ensemble(GOOD_ENSEMBLE).passed
-    assert checks.check_triton_ensemble(lambda: GOOD_ENSEMBLE).passed
-    assert checks.check_triton_ensemble("  ").status == "not done"
+    assert lesson05.check_triton_ensemble(GOOD_ENSEMBLE).passed
+    assert lesson05.check_triton_ensemble(lambda: GOOD_ENSEMBLE).passed
+    assert lesson05.check_triton_ensemble("  ").status == "not done"
     typo = GOOD_ENSEMBLE.replace('{ key: "A" value: "a" }', '{ key: "A" value: "a_count" }')
-    assert_wrong(checks.check_triton_ensemble(typo), "no step", "a_count")
+    assert_wrong(lesson05.check_triton_ensemble(typo), "no step", "a_count")
     sequential = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "a" }',
                                        'input_map { key: "IN" value: "len" } output_map { key: "OUT" value: "a" }')
-    assert_wrong(checks.check_triton_ensemble(sequential), "one after another", "pre -> modelA -> modelB -> combine")
-    assert_wrong(checks.check_triton_ensemble(GOOD_ENSEMBLE.replace('platform: "ensemble"', "")), "platform")
+    assert_wrong(lesson05.check_triton_ensemble(sequential), "one after another", "pre -> modelA -> modelB -> combine")
+    assert_wrong(lesson05.check_triton_ensemble(GOOD_ENSEMBLE.replace('platform: "ensemble"', "")), "platform")
     misspelt = GOOD_ENSEMBLE.replace("max_batch_size: 8", "max_batch_sise: 8")
-    assert_wrong(checks.check_triton_ensemble(misspelt), "model 'banana_ensemble'", "field max_batch_sise")
+    assert_wrong(lesson05.check_triton_ensemble(misspelt), "model 'banana_ensemble'", "field max_batch_sise")
     looped = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "TEXT" }', 'input_map { key: "IN" value: "RESULT" }')
-    assert_wrong(checks.check_triton_ensemble(looped), "not a DAG", "cycle")
-
-
-def test_the_pbtxt_reader_lives_in_triton_and_checks_reexports_it():
-    from infergraph_lite.frameworks import triton
-
-    assert checks.parse_pbtxt is triton.parse_pbtxt
+    assert_wrong(lesson05.check_triton_ensemble(looped), "not a DAG", "cycle")
 
 
 def test_pbtxt_parser_reads_repeated_fields_lists_comments_and_escapes():
-    parsed = checks.parse_pbtxt('# comment\nname: "a\\"b" dims: [ 1, -1 ] step { x: 1 } step { x: 2.5 } kind: KIND_GPU')
+    # The reader is Triton's (5.4's checker reads configs through it); this test moves with it.
+    parsed = parse_pbtxt('# comment\nname: "a\\"b" dims: [ 1, -1 ] step { x: 1 } step { x: 2.5 } kind: KIND_GPU')
     assert parsed == {"name": ['a"b'], "dims": [1, -1], "step": [{"x": [1]}, {"x": [2.5]}], "kind": ["KIND_GPU"]}
 
 
@@ -394,10 +426,10 @@ def test_batching_where_it_pays_rejects_batching_everywhere_a_rule_of_thumb_and_
         return {n: {"max_batch_size": 16, "max_wait": 2.0} for n, (a, b) in profiles.items()
                 if 16 * (a + b) / (a + 16 * b) >= 2}
 
-    assert_wrong(checks.check_batching_where_it_pays(everywhere), "tokenize", "leave it at 1")
-    assert_wrong(checks.check_batching_where_it_pays(fixed_cost_dominates), "x (α=1.1 ms", "only 1.96x")
-    assert_wrong(checks.check_batching_where_it_pays(window_in_ms), "in seconds")
-    assert_wrong(checks.check_batching_where_it_pays(lambda profiles: [("topic", 16)]), "return a dict")
+    assert_wrong(lesson07.check_batching_where_it_pays(everywhere), "tokenize", "leave it at 1")
+    assert_wrong(lesson07.check_batching_where_it_pays(fixed_cost_dominates), "x (α=1.1 ms", "only 1.96x")
+    assert_wrong(lesson07.check_batching_where_it_pays(window_in_ms), "in seconds")
+    assert_wrong(lesson07.check_batching_where_it_pays(lambda profiles: [("topic", 16)]), "return a dict")
 
 
 def _three_models(length_deps=("tokenize",), merge_reads_length=True, format_words=True):
@@ -422,11 +454,11 @@ def _three_models(length_deps=("tokenize",), merge_reads_length=True, format_wor
 
 
 def test_third_model_checker_accepts_the_answer_and_names_each_wiring_mistake():
-    assert checks.check_third_model(_three_models).passed
-    assert_wrong(checks.check_third_model(lambda: _three_models(length_deps=["embed"])), "should read ['tokenize']")
-    assert_wrong(checks.check_third_model(lambda: _three_models(merge_reads_length=False)),
+    assert lesson07.check_third_model(_three_models).passed
+    assert_wrong(lesson07.check_third_model(lambda: _three_models(length_deps=["embed"])), "should read ['tokenize']")
+    assert_wrong(lesson07.check_third_model(lambda: _three_models(merge_reads_length=False)),
                  "merge should read topic, sentiment and length")
-    assert_wrong(checks.check_third_model(lambda: _three_models(format_words=False)), "should end with ', 6 words'")
+    assert_wrong(lesson07.check_third_model(lambda: _three_models(format_words=False)), "should end with ', 6 words'")
 
 
 SEQUENTIAL_5_4 = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "clean" } output_map { key: "OUT" value: "a" }',
@@ -434,16 +466,16 @@ SEQUENTIAL_5_4 = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "clean" } o
 
 
 def test_ensemble_on_triton_names_wiring_that_does_not_match_the_graph_before_starting_a_server():
-    assert_wrong(checks.check_ensemble_on_triton(SEQUENTIAL_5_4), "step 'modelB' reads 'len' from 'modelA'",
+    assert_wrong(lesson07.check_ensemble_on_triton(SEQUENTIAL_5_4), "step 'modelB' reads 'len' from 'modelA'",
                  "depends on ['pre']")
-    assert_wrong(checks.check_ensemble_on_triton(GOOD_ENSEMBLE.replace('"modelA"', '"model_a"')),
+    assert_wrong(lesson07.check_ensemble_on_triton(GOOD_ENSEMBLE.replace('"modelA"', '"model_a"')),
                  "'model_a', which is not a node of the graph")
-    assert_wrong(checks.check_ensemble_on_triton(GOOD_ENSEMBLE.replace("max_batch_size: 8", "max_batch_sise: 8")),
+    assert_wrong(lesson07.check_ensemble_on_triton(GOOD_ENSEMBLE.replace("max_batch_size: 8", "max_batch_sise: 8")),
                  "field max_batch_sise")
 
 
-@pytest.mark.skipif(checks.triton_available() is not None, reason="no Triton binary on this platform")
+@pytest.mark.skipif(triton_available() is not None, reason="no Triton binary on this platform")
 def test_ensemble_on_triton_reports_what_triton_said_when_it_refuses_to_load():
     wrong_type = GOOD_ENSEMBLE.replace('{ name: "RESULT" data_type: TYPE_STRING',
                                        '{ name: "RESULT" data_type: TYPE_INT64')
-    assert_wrong(checks.check_ensemble_on_triton(wrong_type), "Triton refused to load it", "banana_ensemble")
+    assert_wrong(lesson07.check_ensemble_on_triton(wrong_type), "Triton refused to load it", "banana_ensemble")

@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from infergraph_lite.core.stage import mean_service_time
-from infergraph_lite.exercises import checks
-from infergraph_lite.exercises.checks import Feedback
+from infergraph_lite.exercises import lesson06
+from infergraph_lite.exercises.feedback import Feedback
 from infergraph_lite.simulation.planning import brute_force_plan
 
 
@@ -29,7 +29,7 @@ def fix_bottleneck(stages, rate):
 
 
 def test_fix_bottleneck_accepts_the_least_capable_stage_and_just_enough_replicas():
-    assert checks.check_fix_bottleneck(fix_bottleneck).passed
+    assert lesson06.check_fix_bottleneck(fix_bottleneck).passed
 
 
 def test_fix_bottleneck_rejects_the_slowest_stage_per_request():
@@ -37,7 +37,7 @@ def test_fix_bottleneck_rejects_the_slowest_stage_per_request():
         _, replicas = fix_bottleneck(stages, rate)
         return max(stages, key=lambda n: mean_service_time(stages[n][0].service_time, 1)), replicas
 
-    assert_wrong(checks.check_fix_bottleneck(slowest), "you named 'modelA'", "capacity, replicas x b/s(b)")
+    assert_wrong(lesson06.check_fix_bottleneck(slowest), "you named 'modelA'", "capacity, replicas x b/s(b)")
 
 
 def test_fix_bottleneck_rejects_fixing_only_the_bottleneck():
@@ -45,7 +45,7 @@ def test_fix_bottleneck_rejects_fixing_only_the_bottleneck():
         name, replicas = fix_bottleneck(stages, rate)
         return name, {n: replicas[n] if n == name else 1 for n in stages}
 
-    assert_wrong(checks.check_fix_bottleneck(only_the_bottleneck), "'decode' still runs at 100%", "exposes the next")
+    assert_wrong(lesson06.check_fix_bottleneck(only_the_bottleneck), "'decode' still runs at 100%", "exposes the next")
 
 
 def test_fix_bottleneck_rejects_sizing_a_batching_stage_as_if_it_did_not_batch():
@@ -53,40 +53,40 @@ def test_fix_bottleneck_rejects_sizing_a_batching_stage_as_if_it_did_not_batch()
         name, _ = fix_bottleneck(stages, rate)
         return name, {n: math.ceil(rate * mean_service_time(s.service_time, 1) / 0.8) for n, (s, _) in stages.items()}
 
-    assert_wrong(checks.check_fix_bottleneck(ignore_batching), "'modelA' needs only 1", "one replica serves 3.64")
+    assert_wrong(lesson06.check_fix_bottleneck(ignore_batching), "'modelA' needs only 1", "one replica serves 3.64")
 
 
 def test_fix_bottleneck_rejects_a_malformed_answer():
-    assert_wrong(checks.check_fix_bottleneck(lambda stages, rate: "modelB"), "return a pair")
+    assert_wrong(lesson06.check_fix_bottleneck(lambda stages, rate: "modelB"), "return a pair")
 
 
 def test_fanout_p99_accepts_the_quantile_of_the_max_of_independent_branches():
-    assert checks.check_fanout_p99(lambda lat, k: np.percentile(lat, 100 * 0.99 ** (1 / k))).passed
+    assert lesson06.check_fanout_p99(lambda lat, k: np.percentile(lat, 100 * 0.99 ** (1 / k))).passed
 
 
 def test_fanout_p99_rejects_no_penalty_a_linear_penalty_and_a_lower_quantile():
-    assert_wrong(checks.check_fanout_p99(lambda lat, k: np.percentile(lat, 99)), "one branch's p99",
+    assert_wrong(lesson06.check_fanout_p99(lambda lat, k: np.percentile(lat, 99)), "one branch's p99",
                  "slowest of 2 branches")
-    assert_wrong(checks.check_fanout_p99(lambda lat, k: k * np.percentile(lat, 99)), "too pessimistic")
-    assert_wrong(checks.check_fanout_p99(lambda lat, k: np.percentile(lat, 100 * (1 - 0.01 * k))), "too low",
+    assert_wrong(lesson06.check_fanout_p99(lambda lat, k: k * np.percentile(lat, 99)), "too pessimistic")
+    assert_wrong(lesson06.check_fanout_p99(lambda lat, k: np.percentile(lat, 100 * (1 - 0.01 * k))), "too low",
                  "never faster than one branch")
 
 
 def cheapest(rate, target):
-    plan = brute_force_plan(checks.BATCHING_CHAIN, rate, target, max_replicas=6, batch_sizes=(1, 2, 4, 8, 16, 32),
+    plan = brute_force_plan(lesson06.BATCHING_CHAIN, rate, target, max_replicas=6, batch_sizes=(1, 2, 4, 8, 16, 32),
                             max_waits=(0.0,), n_requests=8_000)
     return {name: (knobs[0], knobs[2]) for name, knobs in plan.knobs().items()}
 
 
 def test_batching_plan_accepts_the_cheapest_configuration_that_meets_the_target():
-    assert checks.check_batching_plan(cheapest).passed
+    assert lesson06.check_batching_plan(cheapest).passed
 
 
 def test_batching_plan_rejects_no_batching_huge_batches_and_too_many_replicas():
-    assert_wrong(checks.check_batching_plan(lambda rate, target: {"embed": (1, 1), "classify": (1, 1)}),
+    assert_wrong(lesson06.check_batching_plan(lambda rate, target: {"embed": (1, 1), "classify": (1, 1)}),
                  "'classify' cannot keep up")
-    assert_wrong(checks.check_batching_plan(lambda rate, target: {"embed": (32, 1), "classify": (32, 1)}),
+    assert_wrong(lesson06.check_batching_plan(lambda rate, target: {"embed": (32, 1), "classify": (32, 1)}),
                  "has p99", "above the target 20.0 ms")
-    assert_wrong(checks.check_batching_plan(lambda rate, target: {"embed": (1, 6), "classify": (1, 6)}),
+    assert_wrong(lesson06.check_batching_plan(lambda rate, target: {"embed": (1, 6), "classify": (1, 6)}),
                  "meets the target with 12 replicas, but 3 suffice")
-    assert_wrong(checks.check_batching_plan(lambda rate, target: {"embed": (8, 1)}), "for the stages")
+    assert_wrong(lesson06.check_batching_plan(lambda rate, target: {"embed": (8, 1)}), "for the stages")

@@ -1,0 +1,162 @@
+"""Checkers for the exercises of notebook 06, *Serving the whole graph*: bottlenecks, fan-out tails, batching plans.
+
+:data:`BATCHING_CHAIN` is exercise 6.3's graph; the notebook shows it to the learner.
+
+>>> check_fanout_p99(lambda latencies, k: 0.0).passed
+False
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import cache
+
+import numpy as np
+
+from infergraph_lite.core.stage import Exponential, Stage, mean_service_time
+from infergraph_lite.exercises.feedback import WrongAnswer, checker, require, require_count
+from infergraph_lite.simulation.graph import simulate_graph
+from infergraph_lite.simulation.planning import brute_force_plan
+from infergraph_lite.simulation.queue import UnstableLoadError, simulate_batching
+
+__all__ = ["BATCHING_CHAIN", "BATCH_SIZES_06", "check_batching_plan", "check_fanout_p99", "check_fix_bottleneck"]
+
+_MAX_LOAD = 0.8  # exercise 6.1's ceiling on each stage's offered load
+
+def _bottleneck_scenarios() -> list[tuple[dict[str, tuple[Stage, list[str]]], float]]:
+    # Graphs where the slowest stage per request is not the least capable one, where fixing the bottleneck
+    # exposes another stage above 80 %, and where replicas were given generously.
+    example = {
+        "pre": (Stage(service_time=0.4), ["request"]),
+        "modelA": (Stage(service_time=(2.0, 0.15), max_batch_size=16, max_wait=1.0, replicas=2), ["pre"]),
+        "modelB": (Stage(service_time=Exponential(1.5)), ["pre"]),
+        "combine": (Stage(service_time=0.1), ["modelA", "modelB"]),
+    }
+    chain = {
+        "decode": (Stage(service_time=0.5), ["request"]),
+        "embed": (Stage(service_time=(3.0, 0.1), max_batch_size=32), ["decode"]),
+        "classify": (Stage(service_time=0.9), ["embed"]),
+    }
+    search = {
+        "parse": (Stage(service_time=0.2, replicas=2), ["request"]),
+        "retrieve": (Stage(service_time=(1.0, 0.05), max_batch_size=8, replicas=3), ["parse"]),
+        "rerank": (Stage(service_time=Exponential(4.0), replicas=3), ["retrieve"]),
+    }
+    return [(example, 1.2), (chain, 2.0), (search, 1.0)]
+
+
+def _offered(stage: Stage, rate: float, replicas: int | None = None) -> float:
+    if replicas is not None:
+        stage = Stage(service_time=stage.service_time, max_batch_size=stage.max_batch_size,
+                      max_wait=stage.max_wait, replicas=replicas)
+    return rate / stage.capacity()
+
+
+@checker
+def check_fix_bottleneck(fix_bottleneck: Callable[[dict, float], tuple[str, dict[str, int]]]) -> str:
+    """Exercise 06.1: name the bottleneck, and the fewest replicas per stage that keep every stage at or below
+    80 % offered load."""
+    for stages, rate in _bottleneck_scenarios():
+        answer = fix_bottleneck(stages, rate)
+        require(isinstance(answer, tuple) and len(answer) == 2, "return a pair (bottleneck name, {stage: replicas})")
+        named, replicas = answer
+        loads = {name: _offered(stage, rate) for name, (stage, _) in stages.items()}
+        expected = max(loads, key=loads.__getitem__)
+        if named != expected:
+            slowest = max(stages, key=lambda n: mean_service_time(stages[n][0].service_time, 1))  # type: ignore[arg-type]
+            why = (f" {named!r} takes longest per request, but it batches or has replicas: what limits a stage is "
+                   "its capacity, replicas x b/s(b)" if named == slowest else "")
+            yours = loads.get(named, float("nan"))
+            raise WrongAnswer(f"at {rate} requests per ms you named {named!r} (offered load {yours:.2f}), "
+                              f"but {expected!r} runs at {loads[expected]:.2f} of its capacity, the most of any "
+                              f"stage.{why}")
+        require(isinstance(replicas, dict) and set(replicas) == set(stages),
+                f"give a replica count for every stage: {sorted(stages)}")
+        for name, (stage, _) in stages.items():
+            r = require_count(f"replicas of {name!r}", replicas[name])
+            load = _offered(stage, rate, r)
+            need = next(k for k in range(1, 1000) if _offered(stage, rate, k) <= _MAX_LOAD)
+            if load > _MAX_LOAD:
+                exposed = "" if name == expected else (f" It is not the bottleneck you fixed: fixing {expected!r} "
+                                                       "exposes the next stage")
+                raise WrongAnswer(f"with {r} replicas {name!r} still runs at {load:.0%} of its capacity at {rate} "
+                                  f"requests per ms; it needs {need}.{exposed}")
+            if r > need:
+                batching = (f" With batches of up to {stage.max_batch_size} one replica serves "
+                            f"{_offered(stage, 1.0, 1) ** -1:.2f} requests per ms, not 1 / s(1)"
+                            if stage.max_batch_size != 1 else "")
+                raise WrongAnswer(f"{name!r} needs only {need} replica(s) at {rate} requests per ms ({r} is more than "
+                                  f"the fewest).{batching}")
+    return "the bottleneck is the least capable stage, and each stage gets just enough replicas."
+
+
+def _branch_sample() -> np.ndarray:
+    return simulate_batching(0.5, Exponential(1.0), n_requests=50_000, seed=6).latencies
+
+
+@checker
+def check_fanout_p99(fanout_p99: Callable[[np.ndarray, int], float]) -> str:
+    """Exercise 06.2: the p99 of a k-way join, predicted from one branch's latencies (branches independent)."""
+    sample = _branch_sample()
+    p99 = float(np.percentile(sample, 99))
+    for k in (1, 2, 10, 100):
+        got = float(fanout_p99(sample.copy(), k))
+        expected = float(np.percentile(sample, 100 * 0.99 ** (1 / k)))
+        if math.isclose(got, expected, rel_tol=0.02):
+            continue
+        if k > 1 and math.isclose(got, p99, rel_tol=0.02):
+            raise WrongAnswer(f"for k={k} you predicted one branch's p99 ({p99:.2f} ms): the join waits for the "
+                              f"slowest of {k} branches, so it is slow whenever any of them is")
+        if got > expected:
+            raise WrongAnswer(f"for k={k} you predicted {got:.2f} ms, too pessimistic: the join beats t when all {k} "
+                              f"branches do, probability F(t)^{k}; set that to 0.99 (expected {expected:.2f} ms)")
+        raise WrongAnswer(f"for k={k} you predicted {got:.2f} ms, too low: a join is never faster than one branch; "
+                          f"with P(all {k} below t) = F(t)^{k} = 0.99 it is one branch's quantile 0.99^(1/{k}) "
+                          f"(expected {expected:.2f} ms)")
+    return "a k-way join's p99 is one branch's quantile 0.99^(1/k) (for independent branches)."
+
+
+BATCHING_CHAIN = {
+    "embed": (Stage(service_time=(2.0, 0.2)), ["request"]),
+    "classify": (Stage(service_time=(4.0, 0.4)), ["embed"]),
+}
+BATCH_SIZES_06 = (1, 2, 4, 8, 16, 32)
+
+
+@cache
+def _fewest_replicas_06(rate: float, target: float) -> tuple[int, tuple]:
+    plan = brute_force_plan(BATCHING_CHAIN, rate, target, max_replicas=6, batch_sizes=BATCH_SIZES_06,
+                            max_waits=(0.0,), max_load=0.99, n_requests=8_000)
+    return plan.total_replicas, tuple((n, k[0], k[2]) for n, k in plan.knobs().items())
+
+
+@checker
+def check_batching_plan(choose_batching: Callable[[float, float], dict[str, tuple[int, int]]]) -> str:
+    """Exercise 06.3: per-stage (max_batch_size, replicas) for BATCHING_CHAIN meeting a p99 target with the
+    fewest replicas (simulated with simulate_graph, n_requests=8000, seed=0)."""
+    for rate, target in ((1.0, 20.0), (2.0, 15.0)):
+        config = choose_batching(rate, target)
+        require(isinstance(config, dict) and set(config) == set(BATCHING_CHAIN),
+                f"return {{stage: (max_batch_size, replicas)}} for the stages {sorted(BATCHING_CHAIN)}")
+        stages = {}
+        for name, (stage, deps) in BATCHING_CHAIN.items():
+            b, r = config[name]
+            require(b in BATCH_SIZES_06, f"max_batch_size of {name!r} must be one of {BATCH_SIZES_06}, got {b!r}")
+            r = require_count(f"replicas of {name!r}", r)
+            stages[name] = (Stage(service_time=stage.service_time, max_batch_size=b, replicas=r), deps)
+        try:
+            p99 = simulate_graph(stages, rate, n_requests=8_000, seed=0).percentile(99)
+        except UnstableLoadError as unstable:
+            raise WrongAnswer(f"at {rate} requests per ms: {unstable}") from None
+        used = sum(r for _, r in config.values())
+        require(p99 <= target, f"at {rate} requests per ms your configuration {config} has p99 {p99:.2f} ms, above the "
+                               f"target {target} ms (a full batch of b takes alpha + beta*b: large batches are slow, "
+                               "small ones need replicas)")
+        fewest, example = _fewest_replicas_06(rate, target)
+        if used > fewest:
+            hint = ", ".join(f"{n} (batch {b}, {r} replica{'s' if r > 1 else ''})" for n, b, r in example)
+            raise WrongAnswer(f"at {rate} requests per ms your configuration meets the target with {used} replicas, "
+                              f"but {fewest} suffice, e.g. {hint}")
+    return "the target met with the fewest replicas at both loads."
+
