@@ -32,9 +32,8 @@ from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.graph import InvalidNodeError, Plan, prepare
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 
-__all__ = ["Exponential", "ServiceTime", "Stage", "UnsupportedStageFieldError", "capacity",
-           "mean_service_time", "prepare_stages",
-           "service_time_fn"]
+__all__ = ["Exponential", "ServiceTime", "Stage", "UnsupportedStageFieldError", "batch_item", "capacity",
+           "mean_service_time", "prepare_stages", "service_time_fn"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +140,21 @@ def capacity(service_time: ServiceTime, max_batch_size: int | AIMD | None = 1, r
             return math.inf
         best = max(best, b / mean)
     return replicas * best
+
+
+def batch_item(values: Sequence[Any]) -> Any:
+    """A request's item for a stage's batch function, from its dependencies' values in the order listed.
+
+    One dependency passes its value as itself; several pass a tuple of their values (a stage with no
+    dependencies, the empty tuple).  Every engine (GraphServer, Ray Serve, Dask, Triton) builds a
+    stage's item here, so they cannot disagree.
+
+    >>> batch_item(["banana"])
+    'banana'
+    >>> batch_item([6, 3])
+    (6, 3)
+    """
+    return values[0] if len(values) == 1 else tuple(values)
 
 
 class UnsupportedStageFieldError(ValueError):

@@ -34,7 +34,7 @@ from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
 from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan, prepare
-from infergraph_lite.core.stage import Stage
+from infergraph_lite.core.stage import Stage, batch_item
 from infergraph_lite.serving.processes import stop_processes
 
 __all__ = ["DaskGraphCluster", "run_dask", "stage_item", "to_dask_graph"]
@@ -49,8 +49,7 @@ def stage_item(fn: Any, *values: Any) -> Any:
     >>> stage_item(lambda pairs: [a + b for a, b in pairs], 1, 2)
     3
     """
-    item = values[0] if len(values) == 1 else values
-    return fn([item])[0]
+    return fn([batch_item(values)])[0]
 
 
 def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any]) -> Plan:

@@ -62,7 +62,7 @@ from ray._private import ray_constants  # noqa: E402
 from infergraph_lite.core.execute import NodeError  # noqa: E402
 from infergraph_lite.core.graph import MissingInputError, Plan  # noqa: E402
 from infergraph_lite.core.policy import AIMD  # noqa: E402
-from infergraph_lite.core.stage import Stage, prepare_stages  # noqa: E402
+from infergraph_lite.core.stage import Stage, batch_item, prepare_stages  # noqa: E402
 from infergraph_lite.serving.processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
 
 __all__ = [
@@ -237,7 +237,7 @@ class StageReplica:
         return self.run_items(items)
 
     async def __call__(self, *values: Any) -> Any:
-        item = values[0] if len(values) == 1 else values
+        item = batch_item(values)
         if self.batching is None:
             return self.run_items([item])[0]
         return await self.run_batch(item)

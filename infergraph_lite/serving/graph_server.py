@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.execute import NodeError
-from infergraph_lite.core.stage import prepare_stages
+from infergraph_lite.core.stage import batch_item, prepare_stages
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
 from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
 
@@ -219,14 +219,9 @@ class GraphServer:
         self.close()
 
     def _enter(self, job: _Job, stage_name: str) -> None:
-        # Hand one request to one stage: its argument is its dependencies' values (one: the value itself).
-        names = self._args[stage_name]
+        # Hand one request to one stage: its item is made of its dependencies' values (see batch_item).
         values, inputs = job.values, job.inputs
-        if len(names) == 1:
-            name = names[0]
-            arg = values[name] if name in values else inputs[name]
-        else:
-            arg = tuple(values[name] if name in values else inputs[name] for name in names)
+        arg = batch_item([values[name] if name in values else inputs[name] for name in self._args[stage_name]])
         try:
             future = self.batchers[stage_name].submit(arg)
         except QueueFullError as exc:
