@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.execute import NodeError
+from infergraph_lite.core.graph import Countdown
 from infergraph_lite.core.stage import batch_item, prepare_stages
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
 from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
@@ -36,14 +37,13 @@ class GraphRequestRecord:
 
 class _Job:
     # One request's state while it flows through the graph; touched under GraphServer._lock.
-    __slots__ = ("failed", "future", "inputs", "left", "number", "submitted", "values", "waiting")
+    __slots__ = ("countdown", "failed", "future", "inputs", "number", "submitted", "values")
 
-    def __init__(self, number: int, inputs: Mapping[str, Any], waiting: dict[str, int], left: int, submitted: float):
+    def __init__(self, number: int, inputs: Mapping[str, Any], countdown: Countdown, submitted: float):
         self.number = number
         self.inputs = inputs
         self.values: dict[str, Any] = {}
-        self.waiting = waiting      # per stage: node dependencies (per listing) not finished yet
-        self.left = left            # stages not finished yet
+        self.countdown = countdown  # which stages the request enters as others finish for it
         self.future: Future = Future()
         self.future.set_running_or_notify_cancel()  # a request in a graph cannot be taken back halfway
         self.submitted = submitted
@@ -117,9 +117,6 @@ class GraphServer:
         self.name = name
         self._now = clock
         self._order = tuple(plan.order)
-        self._entry = tuple(n for n in self._order if plan.in_degree[n] == 0)
-        self._waiting_template = {n: plan.in_degree[n] for n in self._order if plan.in_degree[n] > 0}
-        self._dependents = {n: tuple(plan.dependents[n]) for n in self._order}
         self._args = {n: tuple(plan.nodes[n][1]) for n in self._order}
         self._lock = threading.Lock()   # requests' state and the records; held briefly, by workers too
         self._admit = threading.Lock()  # admission: submit() against close(); never taken by a worker
@@ -187,14 +184,14 @@ class GraphServer:
         with self._admit:
             if self._closed:
                 raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
-            job = _Job(self._submitted, inputs, dict(self._waiting_template), len(self._order), self._now())
+            job = _Job(self._submitted, inputs, Countdown(self.plan), self._now())
             self._submitted += 1
             if not self._order:  # a graph without stages answers at once
                 with self._lock:
                     self._records.append((job.number, job.submitted, job.submitted))
                 job.future.set_result({})
             # Under the lock, so close() cannot shut an entry stage between the check above and the submit.
-            for stage_name in self._entry:
+            for stage_name in job.countdown.first():
                 if job.failed:
                     break
                 self._enter(job, stage_name)
@@ -244,21 +241,14 @@ class GraphServer:
                 failure.__cause__ = cause
                 self._fail(job, failure)
                 return
-            ready = []
             with self._lock:
                 if job.failed:
                     return
                 job.values[stage_name] = done.result()
-                job.left -= 1
-                finished = job.left == 0
+                ready = job.countdown.done(stage_name)
+                finished = job.countdown.left == 0
                 if finished:
                     self._records.append((job.number, job.submitted, self._now()))
-                else:
-                    waiting = job.waiting
-                    for child in self._dependents[stage_name]:
-                        waiting[child] -= 1
-                        if waiting[child] == 0:
-                            ready.append(child)
             if finished:
                 values = job.values
                 job.future.set_result({name: values[name] for name in self._order})
