@@ -86,7 +86,8 @@ def test_missing_input_fails_as_in_run_graph():
 
 def test_local_cluster_answers_on_loopback_and_leaves_nothing():
     stages = text_pipeline_stages()
-    stages["batch_seen"] = (Stage(fn=lambda items: [len(items)] * len(items), max_batch_size=16), ["embed"])
+    # A default Stage (max_batch_size=1): Dask refuses a batching one by name (see test_stage_fields.py).
+    stages["batch_seen"] = (Stage(fn=lambda items: [len(items)] * len(items)), ["embed"])
     nodes = text_pipeline(*trained_text_models())
     with DaskGraphCluster(stages, inputs=["text"], n_workers=2) as cluster:
         pids = cluster.started_pids()

@@ -14,12 +14,34 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.execute import NodeError
-from infergraph_lite.core.graph import Countdown
-from infergraph_lite.core.stage import batch_item, prepare_stages
+from infergraph_lite.core.graph import Countdown, InvalidNodeError
+from infergraph_lite.core.stage import Stage, batch_item, prepare_stages
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
 from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
 
-__all__ = ["GraphRequestRecord", "GraphServer"]
+__all__ = ["ENGINE", "GraphRequestRecord", "GraphServer", "from_stage"]
+
+ENGINE = "GraphServer"  # how UnsupportedStageFieldError would name this engine (it honours every field)
+
+
+def from_stage(name: str, stage: Stage) -> dict[str, Any]:
+    """The :class:`~infergraph_lite.serving.batcher.DynamicBatcher` settings of a stage: GraphServer honours
+    every :class:`~infergraph_lite.core.stage.Stage` field, so it refuses none.
+
+    ``fn`` is the batch function, ``max_batch_size`` (an int, ``None`` for no cap, or an ``AIMD``) and
+    ``max_wait`` (seconds) the batching policy, ``replicas`` the worker threads sharing the stage's queue,
+    ``max_queue_size`` the queue's bound.  ``service_time`` is what the simulator predicts, not a
+    setting: a real server takes the time its ``fn`` takes.  A Stage without ``fn`` has nothing to serve.
+
+    >>> settings = from_stage("topic", Stage(fn=list, max_batch_size=16, max_wait=0.002, replicas=2))
+    >>> {k: v for k, v in settings.items() if k != "batch_fn"}
+    {'max_batch_size': 16, 'max_wait': 0.002, 'max_queue_size': None, 'replicas': 2}
+    """
+    if stage.fn is None:
+        raise InvalidNodeError(name, "this Stage has no fn (a batch function list -> list) to serve")
+    return {"batch_fn": stage.fn, "max_batch_size": stage.max_batch_size, "max_wait": stage.max_wait,
+            "max_queue_size": stage.max_queue_size, "replicas": stage.replicas}
+
 
 @dataclass(frozen=True)
 class GraphRequestRecord:
@@ -60,9 +82,10 @@ class GraphServer:
     without ``fn``).  Each stage gets its own batcher with the stage's
     :class:`~infergraph_lite.core.policy.BatchPolicy` (``max_batch_size``,
     ``max_wait`` in seconds), ``replicas`` worker threads and
-    ``max_queue_size``.  A stage's ``fn`` receives, per request, the value of
-    its one dependency, or a tuple of its dependencies' values in the order
-    listed.
+    ``max_queue_size`` (every field is honoured: see :func:`from_stage`).  A
+    stage's ``fn`` receives, per request, the value of its one dependency,
+    or a tuple of its dependencies' values in the order listed
+    (:func:`~infergraph_lite.core.stage.batch_item`).
 
     :meth:`submit` returns a :class:`~concurrent.futures.Future` of the
     request's answer: a dict of *every* stage's result, in the graph's
@@ -125,12 +148,11 @@ class GraphServer:
         self._records: list[tuple[int, float, float]] = []
         self._failed = 0
         self.batchers: dict[str, DynamicBatcher] = {}
+        settings = {n: from_stage(n, plan.nodes[n][0]) for n in self._order}  # every stage's, before any thread
         try:
             for stage_name in self._order:
-                stage = plan.nodes[stage_name][0]
-                self.batchers[stage_name] = DynamicBatcher(
-                    stage.fn, stage.max_batch_size, stage.max_wait, stage.max_queue_size,
-                    replicas=stage.replicas, clock=clock, name=f"{name}:{stage_name}")
+                self.batchers[stage_name] = DynamicBatcher(**settings[stage_name], clock=clock,
+                                                           name=f"{name}:{stage_name}")
         except BaseException:
             self._closed = True
             for batcher in self.batchers.values():
