@@ -63,7 +63,7 @@ def from_stage(name: str, stage: Stage) -> Callable[[list[Any]], Sequence[Any]]:
     - ``service_time``: not a setting of a real engine (what the simulator predicts); left unused;
     - ``max_batch_size``: 1 (each request's task runs alone); anything else, ``None`` or an ``AIMD``
       included, is refused: a task scheduler has no batcher;
-    - ``max_wait``: with a cap of 1 the batching rule never waits, so any value is honoured as it is;
+    - ``max_wait``: 0; a wait is refused (there is no batcher to wait in);
     - ``replicas``: 1; more are refused (tasks run on the cluster's workers, ``n_workers``);
     - ``max_queue_size``: ``None``; a bound is refused (no request queue: ``DaskGraphCluster``'s
       ``max_requests`` bounds the requests in flight instead).
@@ -82,6 +82,10 @@ a task scheduler has no batcher: each request's task runs alone, on a batch of o
         raise UnsupportedStageFieldError(ENGINE, name, "max_batch_size", stage.max_batch_size,
                                          "a task scheduler has no batcher: each request's task runs alone, "
                                          "on a batch of one")
+    if stage.max_wait != 0:
+        raise UnsupportedStageFieldError(ENGINE, name, "max_wait", stage.max_wait,
+                                         "a task scheduler has no batcher to wait in; a task starts when its "
+                                         "inputs are ready")
     if stage.replicas != 1:
         raise UnsupportedStageFieldError(ENGINE, name, "replicas", stage.replicas,
                                          "a task runs on whichever worker is free; size the cluster with n_workers")
