@@ -13,7 +13,7 @@ pytest.importorskip("distributed")
 from dask.task_spec import DataNode, Task
 
 from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, MissingInputError, run_graph
-from infergraph_lite.core.stage import Stage
+from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
 from infergraph_lite.frameworks.dask_graph import DaskGraphCluster, run_dask, stage_item, to_dask_graph
 from infergraph_lite.lessons.examples import (
     BANANA_INPUTS,
@@ -86,7 +86,8 @@ def test_missing_input_fails_as_in_run_graph():
 
 def test_local_cluster_answers_on_loopback_and_leaves_nothing():
     stages = text_pipeline_stages()
-    stages["batch_seen"] = (Stage(fn=lambda items: [len(items)] * len(items), max_batch_size=16), ["embed"])
+    # A default Stage (max_batch_size=1): Dask refuses a batching one by name (see test_stage_fields.py).
+    stages["batch_seen"] = (Stage(fn=lambda items: [len(items)] * len(items)), ["embed"])
     nodes = text_pipeline(*trained_text_models())
     with DaskGraphCluster(stages, inputs=["text"], n_workers=2) as cluster:
         pids = cluster.started_pids()
@@ -105,3 +106,11 @@ def test_local_cluster_answers_on_loopback_and_leaves_nothing():
     assert cluster.close() == []
     left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == []
+
+
+def test_a_batching_stage_is_refused_by_name_before_anything_runs():
+    stages = {"topic": (Stage(fn=lambda items: items, max_batch_size=16), ["text"])}
+    for start in (lambda: run_dask(stages, {"text": "x"}), lambda: DaskGraphCluster(stages, inputs=["text"])):
+        with pytest.raises(UnsupportedStageFieldError) as refused:
+            start()
+        assert (refused.value.engine, refused.value.stage, refused.value.field) == ("Dask", "topic", "max_batch_size")

@@ -24,6 +24,7 @@ from infergraph_lite import (
     topological_order,
     validate_graph,
 )
+from infergraph_lite.core.graph import Countdown
 from tests.graphs import BANANA_INPUTS, banana_nodes
 
 
@@ -227,3 +228,15 @@ def test_levels_order_and_critical_path_all_come_from_one_plan():
                                                                                           "combine"], 6.5)
     assert plan.levels == levels(banana_nodes(), ["text"]) and plan.order == topological_order(banana_nodes(),
                                                                                                 ["text"])
+
+
+def test_countdown_releases_a_node_after_its_last_dependency_even_one_listed_twice():
+    plan = prepare({"a": (len, ["x"]), "b": (len, ["x"]), "c": (max, ["a", "b", "a"]), "d": (len, ["c"])}, ["x"])
+    countdown = Countdown(plan)
+    assert countdown.first() == ["a", "b"] and countdown.left == 4
+    assert countdown.done("a") == []  # c still waits for b
+    assert countdown.done("b") == ["c"]
+    assert countdown.done("c") == ["d"] and countdown.done("d") == [] and countdown.left == 0
+    with pytest.raises(ValueError, match="'zz' is not a node"):
+        countdown.done("zz")
+    assert Countdown(plan).first() == ["a", "b"], "each run counts down on its own copy"

@@ -19,7 +19,7 @@ import ray  # imported before infergraph_lite.ray_serve on purpose: start() keep
 from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, NodeError, run_closed_loop
 from infergraph_lite.core.execute import run_graph
 from infergraph_lite.core.policy import AIMD
-from infergraph_lite.core.stage import Stage
+from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
 from infergraph_lite.frameworks.ray_serve import (
     TESTED_RAY,
     RayServeGraph,
@@ -59,7 +59,8 @@ def test_stage_knobs_become_serve_options():
     assert options["max_ongoing_requests"] >= 16, "a replica must accept a full batch at once"
     assert options["max_queued_requests"] == 50
     assert batch_options(Stage(fn=list)) is None
-    assert batch_options(Stage(fn=list, max_batch_size=None))["max_batch_size"] >= 1024
+    with pytest.raises(UnsupportedStageFieldError, match="max_batch_size=None"):
+        batch_options(Stage(fn=list, max_batch_size=None))  # Serve needs a number: refused, not made up
 
 
 def test_autoscaling_replaces_replicas():

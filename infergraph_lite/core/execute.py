@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from infergraph_lite.core.graph import Graph, Plan, prepare
+from infergraph_lite.core.graph import Countdown, Graph, Plan, prepare
 
 __all__ = ["NodeError", "TraceEvent", "measure_node_durations", "run_graph", "run_graph_parallel", "run_plan",
            "run_plan_parallel"]
@@ -130,9 +130,9 @@ def run_plan_parallel(
                                     or max_workers < 1):
         raise ValueError(f"max_workers must be a positive integer or None, got {max_workers!r}")
     plan.check_inputs(inputs)
-    graph, dependents = plan.nodes, plan.dependents
+    graph = plan.nodes
     results = dict(inputs)
-    waiting = dict(plan.in_degree)  # unfinished dependencies per node, used up as they finish
+    countdown = Countdown(plan)
     finished: queue.SimpleQueue[tuple[str, bool, Any]] = queue.SimpleQueue()
     t0 = time.perf_counter()
 
@@ -164,7 +164,7 @@ def run_plan_parallel(
             executor.submit(work, name, [results[d] for d in graph[name][1]])
 
         running = 0
-        for name in plan.levels[0] if plan.levels else []:
+        for name in countdown.first():
             submit(name)
             running += 1
         while running:  # every submitted node reports back, so this also waits out a failure
@@ -176,11 +176,9 @@ def run_plan_parallel(
             results[name] = value
             if failure is not None:
                 continue  # a node failed: let the running ones finish, start nothing new
-            for child in dependents[name]:
-                waiting[child] -= 1
-                if waiting[child] == 0:
-                    submit(child)
-                    running += 1
+            for child in countdown.done(name):
+                submit(child)
+                running += 1
     if failure is not None:
         name, exc = failure
         if not isinstance(exc, Exception):

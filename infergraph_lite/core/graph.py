@@ -26,6 +26,7 @@ from typing import Any
 Graph = Mapping[str, tuple[Any, Sequence[str]]]
 
 __all__ = [
+    "Countdown",
     "CycleError",
     "Graph",
     "GraphError",
@@ -208,6 +209,57 @@ class Plan:
     def critical_path(self, durations: Mapping[str, float] | Callable[[str], float]) -> tuple[list[str], float]:
         """The longest path, weighting each node by its duration; see :func:`critical_path`."""
         return _critical_path(self, durations)
+
+
+class Countdown:
+    """One run's dependency countdown over a :class:`Plan`: which nodes become ready as others finish.
+
+    Every executor that starts a node the moment its last dependency finishes (the thread-pool executor,
+    :class:`~infergraph_lite.serving.graph_server.GraphServer` per request) counts down here.
+    :meth:`first` gives the nodes that read only inputs; :meth:`done` marks a node finished and returns
+    the nodes that just became ready (a dependency listed twice is counted, and released, twice, as in
+    Kahn's algorithm).  Not thread-safe: one run's scheduler, or a caller holding a lock, drives it.
+
+    >>> plan = prepare({"pre": (str.strip, ["text"]), "a": (len, ["pre"]), "b": (len, ["pre"]),
+    ...                 "both": (max, ["a", "b"])}, inputs=["text"])
+    >>> countdown = Countdown(plan)
+    >>> countdown.first(), countdown.done("pre"), countdown.done("a"), countdown.done("b"), countdown.left
+    (['pre'], ['a', 'b'], [], ['both'], 1)
+    >>> countdown.done("a")
+    Traceback (most recent call last):
+    ...
+    ValueError: node 'a' is already done in this run
+    """
+
+    __slots__ = ("_dependents", "_finished", "_first", "_waiting")
+
+    def __init__(self, plan: Plan):
+        self._waiting = dict(plan.in_degree)  # unfinished node dependencies per node, used up as they finish
+        self._dependents = plan.dependents
+        self._first = plan._generations[0] if plan._generations else []
+        self._finished: set[str] = set()
+
+    def first(self) -> list[str]:
+        """The nodes that need only inputs, in the plan's order: they can start at once."""
+        return list(self._first)
+
+    @property
+    def left(self) -> int:
+        """How many nodes are not done yet."""
+        return len(self._waiting) - len(self._finished)
+
+    def done(self, name: str) -> list[str]:
+        """Mark ``name`` finished; return its dependents whose last unfinished dependency it was."""
+        if name in self._finished or name not in self._waiting:
+            raise ValueError(f"node {name!r} is already done in this run" if name in self._finished
+                             else f"node {name!r} is not a node of this plan")
+        self._finished.add(name)
+        waiting, ready = self._waiting, []
+        for child in self._dependents[name]:
+            waiting[child] -= 1
+            if not waiting[child]:
+                ready.append(child)
+        return ready
 
 
 def prepare(

@@ -21,6 +21,7 @@ takes: a number (the same for any batch), ``(alpha, beta)`` for
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,9 +33,8 @@ from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.graph import InvalidNodeError, Plan, prepare
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 
-__all__ = ["Exponential", "ServiceTime", "Stage", "UnsupportedStageFieldError", "capacity",
-           "mean_service_time", "prepare_stages",
-           "service_time_fn"]
+__all__ = ["STAGE_FIELDS", "Exponential", "ServiceTime", "Stage", "UnsupportedStageFieldError", "batch_item",
+           "capacity", "mean_service_time", "prepare_stages", "service_time_fn"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,21 @@ def capacity(service_time: ServiceTime, max_batch_size: int | AIMD | None = 1, r
     return replicas * best
 
 
+def batch_item(values: Sequence[Any]) -> Any:
+    """A request's item for a stage's batch function, from its dependencies' values in the order listed.
+
+    One dependency passes its value as itself; several pass a tuple of their values (a stage with no
+    dependencies, the empty tuple).  Every engine (GraphServer, Ray Serve, Dask, Triton) builds a
+    stage's item here, so they cannot disagree.
+
+    >>> batch_item(["banana"])
+    'banana'
+    >>> batch_item([6, 3])
+    (6, 3)
+    """
+    return values[0] if len(values) == 1 else tuple(values)
+
+
 class UnsupportedStageFieldError(ValueError):
     """An engine cannot honour one of a :class:`Stage`'s settings: it refuses by name rather than drop it.
 
@@ -214,15 +229,25 @@ class Stage:
         return capacity(self.service_time, self.max_batch_size, self.replicas)
 
 
+STAGE_FIELDS: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Stage))
+"""Every :class:`Stage` field, in order: each engine's ``from_stage`` maps or refuses (by name) each one.
+
+>>> STAGE_FIELDS
+('service_time', 'max_batch_size', 'max_wait', 'replicas', 'fn', 'max_queue_size')
+"""
+
+
 def prepare_stages(
     stages: Mapping[str, tuple[Any, Sequence[str]]],
-    inputs: Iterable[str] = ("request",),
+    inputs: Iterable[str] | Mapping[str, Any] = ("request",),
     *,
     need: str | None = None,
+    functions: bool = False,
 ) -> Plan:
     """Validate a stage graph once: the graph checks of :func:`~infergraph_lite.core.graph.prepare`,
     then every node holds a :class:`Stage` (with a ``service_time`` if ``need="service_time"``,
-    an ``fn`` if ``need="fn"``).  Errors name the node.
+    an ``fn`` if ``need="fn"``).  ``functions=True`` also admits the seed's plain functions in place
+    of Stages (an engine that runs both, as Dask does).  Errors name the node.
 
     >>> plan = prepare_stages({"a": (Stage(service_time=1.0), ["request"])})
     >>> plan.order
@@ -231,9 +256,17 @@ def prepare_stages(
     Traceback (most recent call last):
     ...
     infergraph_lite.core.graph.InvalidNodeError: node 'a': this Stage has no fn (a batch function list -> list) to serve
+    >>> prepare_stages({"a": (len, ["request"]), "b": (Stage(fn=list), ["a"])}, need="fn", functions=True).order
+    ['a', 'b']
     """
+    if need not in (None, "fn", "service_time"):
+        raise ValueError(f"need must be None, 'fn' or 'service_time', got {need!r}")
     plan = prepare(stages, inputs, require_callable=False)
     for name, (stage, _) in plan.nodes.items():
+        if functions and not isinstance(stage, Stage):
+            if not callable(stage):
+                raise InvalidNodeError(name, f"expected a function or a Stage, got {type(stage).__name__} {stage!r}")
+            continue
         if not isinstance(stage, Stage):
             raise InvalidNodeError(name, f"expected a Stage in place of the function, got {type(stage).__name__}")
         if need == "service_time" and stage.service_time is None:

@@ -26,18 +26,20 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psutil
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
-from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan, prepare
-from infergraph_lite.core.stage import Stage
+from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan
+from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError, batch_item, prepare_stages
 from infergraph_lite.serving.processes import stop_processes
 
-__all__ = ["DaskGraphCluster", "run_dask", "stage_item", "to_dask_graph"]
+__all__ = ["ENGINE", "DaskGraphCluster", "from_stage", "run_dask", "stage_item", "to_dask_graph"]
+
+ENGINE = "Dask"  # how UnsupportedStageFieldError names this engine
 
 
 
@@ -49,18 +51,57 @@ def stage_item(fn: Any, *values: Any) -> Any:
     >>> stage_item(lambda pairs: [a + b for a, b in pairs], 1, 2)
     3
     """
-    item = values[0] if len(values) == 1 else values
-    return fn([item])[0]
+    return fn([batch_item(values)])[0]
+
+
+def from_stage(name: str, stage: Stage) -> Callable[[list[Any]], Sequence[Any]]:
+    """What Dask makes of a :class:`~infergraph_lite.core.stage.Stage`: the batch function its task calls.
+
+    Every field is mapped or refused by name, before anything runs:
+
+    - ``fn``: the task calls it on a batch of one item (:func:`stage_item`);
+    - ``service_time``: not a setting of a real engine (what the simulator predicts); left unused;
+    - ``max_batch_size``: 1 (each request's task runs alone); anything else, ``None`` or an ``AIMD``
+      included, is refused: a task scheduler has no batcher;
+    - ``max_wait``: 0; a wait is refused (there is no batcher to wait in);
+    - ``replicas``: 1; more are refused (tasks run on the cluster's workers, ``n_workers``);
+    - ``max_queue_size``: ``None``; a bound is refused (no request queue: ``DaskGraphCluster``'s
+      ``max_requests`` bounds the requests in flight instead).
+
+    >>> from_stage("n", Stage(fn=list)) is list
+    True
+    >>> from_stage("topic", Stage(fn=list, max_batch_size=16))
+    Traceback (most recent call last):
+    ...
+    infergraph_lite.core.stage.UnsupportedStageFieldError: Dask cannot serve stage 'topic' with max_batch_size=16: \
+a task scheduler has no batcher: each request's task runs alone, on a batch of one
+    """
+    if stage.fn is None:
+        raise InvalidNodeError(name, "this Stage has no fn (a batch function list -> list) to run")
+    if stage.max_batch_size != 1:
+        raise UnsupportedStageFieldError(ENGINE, name, "max_batch_size", stage.max_batch_size,
+                                         "a task scheduler has no batcher: each request's task runs alone, "
+                                         "on a batch of one")
+    if stage.max_wait != 0:
+        raise UnsupportedStageFieldError(ENGINE, name, "max_wait", stage.max_wait,
+                                         "a task scheduler has no batcher to wait in; a task starts when its "
+                                         "inputs are ready")
+    if stage.replicas != 1:
+        raise UnsupportedStageFieldError(ENGINE, name, "replicas", stage.replicas,
+                                         "a task runs on whichever worker is free; size the cluster with n_workers")
+    if stage.max_queue_size is not None:
+        raise UnsupportedStageFieldError(ENGINE, name, "max_queue_size", stage.max_queue_size,
+                                         "a task scheduler has no request queue to bound; DaskGraphCluster's "
+                                         "max_requests bounds the requests in flight")
+    return stage.fn
 
 
 def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any]) -> Plan:
-    plan = prepare(nodes, inputs, require_callable=False)
+    # The one stage-graph validation (plain functions admitted), then every Stage's fields through from_stage.
+    plan = prepare_stages(nodes, inputs, need="fn", functions=True)
     for name, (func, _) in plan.nodes.items():
         if isinstance(func, Stage):
-            if func.fn is None:
-                raise InvalidNodeError(name, "this Stage has no fn (a batch function list -> list) to run")
-        elif not callable(func):
-            raise InvalidNodeError(name, f"expected a function or a Stage with an fn, got {type(func).__name__}")
+            from_stage(name, func)
     return plan
 
 
@@ -86,7 +127,8 @@ def to_dask_graph(
     ...
     infergraph_lite.core.graph.CycleError: cycle: a -> b -> a
     """
-    plan = plan if plan is not None else _prepare(nodes, inputs)
+    if plan is None:
+        plan = _prepare(nodes, inputs)
     plan.check_inputs(inputs)
 
     def key(name: str) -> Key:
@@ -97,7 +139,7 @@ def to_dask_graph(
         func, deps = plan.nodes[name]
         refs = [TaskRef(key(d)) for d in deps]
         if isinstance(func, Stage):
-            graph[key(name)] = Task(key(name), stage_item, func.fn, *refs)
+            graph[key(name)] = Task(key(name), stage_item, from_stage(name, func), *refs)
         else:
             graph[key(name)] = Task(key(name), func, *refs)
     return graph

@@ -7,7 +7,8 @@ becomes a Ray Serve application:
   fractional CPU share (``ray_actor_options={"num_cpus": ...}``), so a whole graph fits on two cores;
 - a batching stage (``max_batch_size > 1``) runs its batch function under ``@serve.batch`` with
   ``max_batch_size`` and ``batch_wait_timeout_s = stage.max_wait``: Serve's dynamic batcher, the same
-  rule as the package's :class:`~infergraph_lite.core.policy.BatchPolicy`;
+  rule as the package's :class:`~infergraph_lite.core.policy.BatchPolicy` (every ``Stage`` field is mapped,
+  or refused by name, by :func:`~infergraph_lite.frameworks.ray_serve_options.from_stage`);
 - an *ingress* deployment (:class:`GraphIngress`) walks the DAG in topological order and hands each
   node the unawaited responses of its dependencies (Serve resolves them on the way), so the two
   branches of a fork really run at the same time;
@@ -61,11 +62,18 @@ from ray._private import ray_constants  # noqa: E402
 
 from infergraph_lite.core.execute import NodeError  # noqa: E402
 from infergraph_lite.core.graph import MissingInputError, Plan  # noqa: E402
-from infergraph_lite.core.policy import AIMD  # noqa: E402
-from infergraph_lite.core.stage import Stage, prepare_stages  # noqa: E402
+from infergraph_lite.core.stage import Stage, batch_item, prepare_stages  # noqa: E402
+from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
+    ENGINE,
+    ServeStage,
+    batch_options,
+    deployment_options,
+    from_stage,
+)
 from infergraph_lite.serving.processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
 
 __all__ = [
+    "ENGINE",
     "INGRESS_DEPLOYMENT",
     "LOOPBACK_ENV",
     "STAGE_DEPLOYMENT",
@@ -74,10 +82,12 @@ __all__ = [
     "Listener",
     "LoopbackError",
     "RayServeGraph",
+    "ServeStage",
     "StageReplica",
     "autoscaling_config",
     "batch_options",
     "deployment_options",
+    "from_stage",
     "is_loopback",
     "keep_replica_grpc_on_loopback",
     "listening_sockets",
@@ -88,7 +98,6 @@ TESTED_RAY = "2.60."
 """The Ray release line whose internals :func:`keep_replica_grpc_on_loopback` was written and tested against."""
 
 SETUP_HOOK = f"{__name__}.keep_replica_grpc_on_loopback"
-UNCAPPED_BATCH = 1024  # Serve needs a number; the package's max_batch_size=None (no cap) becomes this
 
 
 class LoopbackError(RuntimeError):
@@ -126,26 +135,7 @@ def keep_replica_grpc_on_loopback() -> None:
 
 
 # --- from a Stage to Serve's options (plain functions, no Ray needed) ----------------------------------------
-
-
-def batch_options(stage: Stage) -> dict[str, Any] | None:
-    """``@serve.batch`` arguments for a stage, or None for a stage that does not batch (``max_batch_size=1``).
-
-    ``max_wait`` is the same knob as Serve's ``batch_wait_timeout_s`` (seconds); ``max_batch_size=None``
-    (no cap) becomes a large cap, since Serve needs a number.
-
-    >>> batch_options(Stage(fn=list, max_batch_size=16, max_wait=0.002))
-    {'max_batch_size': 16, 'batch_wait_timeout_s': 0.002}
-    >>> batch_options(Stage(fn=list)) is None
-    True
-    """
-    size = stage.max_batch_size
-    if isinstance(size, AIMD):
-        raise ValueError("Ray Serve's @serve.batch has a fixed max_batch_size; an AIMD cap has no Serve equivalent. "
-                         "Give the stage an integer max_batch_size.")
-    if size == 1:
-        return None
-    return {"max_batch_size": UNCAPPED_BATCH if size is None else int(size), "batch_wait_timeout_s": stage.max_wait}
+# batch_options, deployment_options and from_stage live in ray_serve_options (importable without Ray).
 
 
 def autoscaling_config(
@@ -179,28 +169,6 @@ def autoscaling_config(
         raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
     return {"target_ongoing_requests": target_ongoing_requests, "min_replicas": min_replicas,
             "max_replicas": max_replicas, "upscale_delay_s": upscale_delay_s, "downscale_delay_s": downscale_delay_s}
-
-
-def deployment_options(
-    stage: Stage, num_cpus: float, autoscaling: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The ``.options(...)`` of a stage's deployment: replicas (or autoscaling), CPU share, queue limits.
-
-    ``max_ongoing_requests`` (requests a replica holds at once) must be at least the batch size, or
-    Serve could never form a full batch; ``max_queue_size`` becomes ``max_queued_requests`` (a limit
-    that Serve enforces per caller, here the one ingress).
-
-    >>> deployment_options(Stage(fn=list, max_batch_size=16, replicas=2, max_queue_size=100), num_cpus=0.25)
-    {'num_replicas': 2, 'ray_actor_options': {'num_cpus': 0.25}, 'max_ongoing_requests': 32, 'max_queued_requests': 100}
-    """
-    batching = batch_options(stage)
-    options: dict[str, Any] = {"num_replicas": stage.replicas}
-    if autoscaling is not None:
-        options = {"autoscaling_config": dict(autoscaling)}
-    options["ray_actor_options"] = {"num_cpus": num_cpus}
-    options["max_ongoing_requests"] = max(8, 2 * batching["max_batch_size"]) if batching else 8
-    options["max_queued_requests"] = -1 if stage.max_queue_size is None else stage.max_queue_size
-    return options
 
 
 # --- the deployments ----------------------------------------------------------------------------------
@@ -237,7 +205,7 @@ class StageReplica:
         return self.run_items(items)
 
     async def __call__(self, *values: Any) -> Any:
-        item = values[0] if len(values) == 1 else values
+        item = batch_item(values)
         if self.batching is None:
             return self.run_items([item])[0]
         return await self.run_batch(item)
@@ -329,13 +297,15 @@ class RayServeGraph:
         unknown = sorted(set(autoscaling) - set(self.plan.nodes))
         if unknown:
             raise ValueError(f"autoscaling names stages the graph does not have: {unknown}")
-        for stage, _ in self.plan.nodes.values():
-            batch_options(stage)  # an AIMD cap is refused here, before Ray starts
         replicas = sum(autoscaling[n]["max_replicas"] if n in autoscaling else stage.replicas
                        for n, (stage, _) in self.plan.nodes.items())
         self.num_cpus = num_cpus
         self.num_cpus_per_replica = (num_cpus_per_replica if num_cpus_per_replica is not None
                                      else _cpu_share(num_cpus, replicas))
+        # Every stage's Serve settings, each Stage field mapped or refused by name, before Ray starts.
+        self.served: dict[str, ServeStage] = {
+            n: from_stage(n, stage, self.num_cpus_per_replica, autoscaling.get(n))
+            for n, (stage, _) in self.plan.nodes.items()}
         self.autoscaling = autoscaling
         self.app_name = app_name
         self.ingress_name = next(n for n in ("ingress", "_ingress", "__ingress") if n not in self.plan.nodes)
@@ -351,10 +321,9 @@ class RayServeGraph:
     def application(self) -> Any:
         """The Serve application: one bound :class:`StageReplica` per node, composed by a :class:`GraphIngress`."""
         bound = {}
-        for name, (stage, _) in self.plan.nodes.items():
-            options = deployment_options(stage, self.num_cpus_per_replica, self.autoscaling.get(name))
+        for name, served in self.served.items():
             bound[name] = STAGE_DEPLOYMENT.options(  # type: ignore[attr-defined]  # a Deployment, typed as a decorator
-                name=name, **options).bind(name, stage.fn, batch_options(stage))
+                name=name, **served.options).bind(name, served.fn, served.batching)
         order = list(self.plan.order)
         deps = {name: list(self.plan.nodes[name][1]) for name in order}
         return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(  # type: ignore[attr-defined]
@@ -483,8 +452,8 @@ class RayServeGraph:
         if self._loop is None:
             raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
         sizes = {}
-        for name, (stage, _) in self.plan.nodes.items():
-            if batch_options(stage) is None:
+        for name, served in self.served.items():
+            if served.batching is None:
                 continue
             handle = serve.get_deployment_handle(name, app_name=self.app_name)
             total: collections.Counter[int] = collections.Counter()

@@ -14,11 +14,34 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.execute import NodeError
-from infergraph_lite.core.stage import prepare_stages
+from infergraph_lite.core.graph import Countdown, InvalidNodeError
+from infergraph_lite.core.stage import Stage, batch_item, prepare_stages
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
 from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
 
-__all__ = ["GraphRequestRecord", "GraphServer"]
+__all__ = ["ENGINE", "GraphRequestRecord", "GraphServer", "from_stage"]
+
+ENGINE = "GraphServer"  # how UnsupportedStageFieldError would name this engine (it honours every field)
+
+
+def from_stage(name: str, stage: Stage) -> dict[str, Any]:
+    """The :class:`~infergraph_lite.serving.batcher.DynamicBatcher` settings of a stage: GraphServer honours
+    every :class:`~infergraph_lite.core.stage.Stage` field, so it refuses none.
+
+    ``fn`` is the batch function, ``max_batch_size`` (an int, ``None`` for no cap, or an ``AIMD``) and
+    ``max_wait`` (seconds) the batching policy, ``replicas`` the worker threads sharing the stage's queue,
+    ``max_queue_size`` the queue's bound.  ``service_time`` is what the simulator predicts, not a
+    setting: a real server takes the time its ``fn`` takes.  A Stage without ``fn`` has nothing to serve.
+
+    >>> settings = from_stage("topic", Stage(fn=list, max_batch_size=16, max_wait=0.002, replicas=2))
+    >>> {k: v for k, v in settings.items() if k != "batch_fn"}
+    {'max_batch_size': 16, 'max_wait': 0.002, 'max_queue_size': None, 'replicas': 2}
+    """
+    if stage.fn is None:
+        raise InvalidNodeError(name, "this Stage has no fn (a batch function list -> list) to serve")
+    return {"batch_fn": stage.fn, "max_batch_size": stage.max_batch_size, "max_wait": stage.max_wait,
+            "max_queue_size": stage.max_queue_size, "replicas": stage.replicas}
+
 
 @dataclass(frozen=True)
 class GraphRequestRecord:
@@ -36,14 +59,13 @@ class GraphRequestRecord:
 
 class _Job:
     # One request's state while it flows through the graph; touched under GraphServer._lock.
-    __slots__ = ("failed", "future", "inputs", "left", "number", "submitted", "values", "waiting")
+    __slots__ = ("countdown", "failed", "future", "inputs", "number", "submitted", "values")
 
-    def __init__(self, number: int, inputs: Mapping[str, Any], waiting: dict[str, int], left: int, submitted: float):
+    def __init__(self, number: int, inputs: Mapping[str, Any], countdown: Countdown, submitted: float):
         self.number = number
         self.inputs = inputs
         self.values: dict[str, Any] = {}
-        self.waiting = waiting      # per stage: node dependencies (per listing) not finished yet
-        self.left = left            # stages not finished yet
+        self.countdown = countdown  # which stages the request enters as others finish for it
         self.future: Future = Future()
         self.future.set_running_or_notify_cancel()  # a request in a graph cannot be taken back halfway
         self.submitted = submitted
@@ -60,9 +82,10 @@ class GraphServer:
     without ``fn``).  Each stage gets its own batcher with the stage's
     :class:`~infergraph_lite.core.policy.BatchPolicy` (``max_batch_size``,
     ``max_wait`` in seconds), ``replicas`` worker threads and
-    ``max_queue_size``.  A stage's ``fn`` receives, per request, the value of
-    its one dependency, or a tuple of its dependencies' values in the order
-    listed.
+    ``max_queue_size`` (every field is honoured: see :func:`from_stage`).  A
+    stage's ``fn`` receives, per request, the value of its one dependency,
+    or a tuple of its dependencies' values in the order listed
+    (:func:`~infergraph_lite.core.stage.batch_item`).
 
     :meth:`submit` returns a :class:`~concurrent.futures.Future` of the
     request's answer: a dict of *every* stage's result, in the graph's
@@ -117,9 +140,6 @@ class GraphServer:
         self.name = name
         self._now = clock
         self._order = tuple(plan.order)
-        self._entry = tuple(n for n in self._order if plan.in_degree[n] == 0)
-        self._waiting_template = {n: plan.in_degree[n] for n in self._order if plan.in_degree[n] > 0}
-        self._dependents = {n: tuple(plan.dependents[n]) for n in self._order}
         self._args = {n: tuple(plan.nodes[n][1]) for n in self._order}
         self._lock = threading.Lock()   # requests' state and the records; held briefly, by workers too
         self._admit = threading.Lock()  # admission: submit() against close(); never taken by a worker
@@ -128,12 +148,11 @@ class GraphServer:
         self._records: list[tuple[int, float, float]] = []
         self._failed = 0
         self.batchers: dict[str, DynamicBatcher] = {}
+        settings = {n: from_stage(n, plan.nodes[n][0]) for n in self._order}  # every stage's, before any thread
         try:
             for stage_name in self._order:
-                stage = plan.nodes[stage_name][0]
-                self.batchers[stage_name] = DynamicBatcher(
-                    stage.fn, stage.max_batch_size, stage.max_wait, stage.max_queue_size,
-                    replicas=stage.replicas, clock=clock, name=f"{name}:{stage_name}")
+                self.batchers[stage_name] = DynamicBatcher(**settings[stage_name], clock=clock,
+                                                           name=f"{name}:{stage_name}")
         except BaseException:
             self._closed = True
             for batcher in self.batchers.values():
@@ -187,14 +206,14 @@ class GraphServer:
         with self._admit:
             if self._closed:
                 raise RuntimeError(f"submit() after close(): {self.name} no longer accepts requests")
-            job = _Job(self._submitted, inputs, dict(self._waiting_template), len(self._order), self._now())
+            job = _Job(self._submitted, inputs, Countdown(self.plan), self._now())
             self._submitted += 1
             if not self._order:  # a graph without stages answers at once
                 with self._lock:
                     self._records.append((job.number, job.submitted, job.submitted))
                 job.future.set_result({})
             # Under the lock, so close() cannot shut an entry stage between the check above and the submit.
-            for stage_name in self._entry:
+            for stage_name in job.countdown.first():
                 if job.failed:
                     break
                 self._enter(job, stage_name)
@@ -219,14 +238,9 @@ class GraphServer:
         self.close()
 
     def _enter(self, job: _Job, stage_name: str) -> None:
-        # Hand one request to one stage: its argument is its dependencies' values (one: the value itself).
-        names = self._args[stage_name]
+        # Hand one request to one stage: its item is made of its dependencies' values (see batch_item).
         values, inputs = job.values, job.inputs
-        if len(names) == 1:
-            name = names[0]
-            arg = values[name] if name in values else inputs[name]
-        else:
-            arg = tuple(values[name] if name in values else inputs[name] for name in names)
+        arg = batch_item([values[name] if name in values else inputs[name] for name in self._args[stage_name]])
         try:
             future = self.batchers[stage_name].submit(arg)
         except QueueFullError as exc:
@@ -249,21 +263,14 @@ class GraphServer:
                 failure.__cause__ = cause
                 self._fail(job, failure)
                 return
-            ready = []
             with self._lock:
                 if job.failed:
                     return
                 job.values[stage_name] = done.result()
-                job.left -= 1
-                finished = job.left == 0
+                ready = job.countdown.done(stage_name)
+                finished = job.countdown.left == 0
                 if finished:
                     self._records.append((job.number, job.submitted, self._now()))
-                else:
-                    waiting = job.waiting
-                    for child in self._dependents[stage_name]:
-                        waiting[child] -= 1
-                        if waiting[child] == 0:
-                            ready.append(child)
             if finished:
                 values = job.values
                 job.future.set_result({name: values[name] for name in self._order})
