@@ -1,4 +1,4 @@
-"""triton.py: a stage graph becomes a Triton repository that the real schema accepts, and a real server answers.
+"""frameworks/triton: a stage graph becomes a Triton repository that the real schema accepts, and a real server answers.
 
 Config tests need only tritonclient (every platform).  Server tests start the ``tritonserver`` binary from
 the nvidia-pytriton wheel (Linux x86_64) on 127.0.0.1 and skip, saying why, where there is no wheel.
@@ -6,8 +6,11 @@ the nvidia-pytriton wheel (Linux x86_64) on 127.0.0.1 and skip, saying why, wher
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,18 +20,24 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from infergraph_lite import run_graph
-from infergraph_lite.core.graph import CycleError, MissingDependencyError, levels
-from infergraph_lite.core.stage import Stage
+from infergraph_lite.core.graph import CycleError, InvalidNodeError, MissingDependencyError, levels
+from infergraph_lite.core.policy import AIMD
+from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
+from infergraph_lite.frameworks import triton
 from infergraph_lite.frameworks.triton import (
+    STAGE_FIELDS,
     TensorType,
     TritonConfigError,
     TritonServer,
     TritonStartError,
     TritonUnavailableError,
     add_model_version,
+    config_from_stage,
+    config_text,
     ensemble_to_graph,
     model_config_type_name,
     parse_model_config,
+    read_config,
     read_repository,
     tensor_type_of,
     to_model_repository,
@@ -38,7 +47,7 @@ from infergraph_lite.lessons.examples import BANANA_INPUTS, text_pipeline, text_
 from infergraph_lite.serving.loadtest import run_closed_loop
 
 TEXT = {"text": "The pizza was excellent for lunch."}
-BATCHING = {"embed": {"max_batch_size": 16, "max_wait": 0.002},
+BATCHING = {"embed": {"max_batch_size": 16, "max_wait": 0.002, "max_queue_size": 64},
             "topic": {"max_batch_size": 16, "max_wait": 0.001, "replicas": 2},
             "sentiment": {"max_batch_size": 16, "max_wait": 0.001}}
 needs_server = pytest.mark.skipif(triton_available() is not None, reason=f"no Triton here: {triton_available()}")
@@ -82,8 +91,7 @@ def text_stages() -> dict:
 
 def write_text_repository(path: Path):
     return to_model_repository(text_stages(), path, factory="infergraph_lite.lessons.examples:text_pipeline_stages",
-                               example=TEXT, outputs=["format", "topic"],
-                               preferred_batch_size={"sentiment": [8, 16]})
+                               example=TEXT, outputs=["format", "topic"])
 
 
 # --- configs: the real schema and the graph module, no server ------------------------------------------------
@@ -98,7 +106,9 @@ def test_generated_configs_parse_with_triton_schema_and_carry_the_stage_knobs(tm
     assert embed.dynamic_batching.max_queue_delay_microseconds == 2000
     kinds = [(g.count, model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)) for g in configs["topic"].instance_group]
     assert kinds == [(2, "KIND_CPU")]
-    assert list(configs["sentiment"].dynamic_batching.preferred_batch_size) == [8, 16]
+    assert embed.dynamic_batching.default_queue_policy.max_queue_size == 64
+    assert not configs["sentiment"].dynamic_batching.HasField("default_queue_policy")  # no limit: none written
+    assert not any(c.dynamic_batching.preferred_batch_size for c in configs.values())  # not modelled: not written
     assert not configs["merge"].HasField("dynamic_batching")  # max_batch_size 1: batching off
     assert [(t.name, list(t.dims)) for t in embed.output] == [("embed", [512])]
     assert model_config_type_name(embed.output[0].data_type) == "TYPE_FP64"  # the embedding travels as an array
@@ -140,18 +150,144 @@ def test_a_config_the_schema_rejects_names_model_and_field(mistake, field):
 def test_rules_beyond_the_schema_name_model_and_field(tmp_path):
     write_text_repository(tmp_path)
     config = tmp_path / "sentiment" / "config.pbtxt"
-    config.write_text(config.read_text().replace("preferred_batch_size: [ 8, 16 ]", "preferred_batch_size: [ 64 ]"))
+    config.write_text(config.read_text().replace("dynamic_batching {", "dynamic_batching { preferred_batch_size: 64"))
     with pytest.raises(TritonConfigError, match="preferred_batch_size") as err:
         read_repository(tmp_path)
     assert err.value.model == "sentiment"
 
 
-def test_stage_knobs_triton_cannot_express_are_refused_by_node(tmp_path):
+@pytest.mark.parametrize("cap", [None, AIMD(latency_target=0.01)])
+def test_stage_knobs_triton_cannot_express_are_refused_by_node_before_anything_is_written(tmp_path, cap):
     stages = tiny_stages()
-    stages["modelA"] = (Stage(fn=stages["modelA"][0].fn, max_batch_size=None), ["pre"])
-    with pytest.raises(TritonConfigError, match="whole number") as err:
-        to_model_repository(stages, tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
-    assert (err.value.model, err.value.field) == ("modelA", "max_batch_size")
+    stages["modelA"] = (Stage(fn=stages["modelA"][0].fn, max_batch_size=cap), ["pre"])
+    with pytest.raises(UnsupportedStageFieldError, match="triton cannot serve stage 'modelA'") as err:
+        to_model_repository(stages, tmp_path / "repo", factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    assert (err.value.engine, err.value.stage, err.value.field, err.value.value) == ("triton", "modelA",
+                                                                                     "max_batch_size", cap)
+    assert not (tmp_path / "repo").exists()
+
+
+def test_the_repository_writer_takes_real_stages_only(tmp_path):
+    with pytest.raises(InvalidNodeError, match=r"node 'n'.*Stage"):
+        to_model_repository({"n": (lambda xs: xs, ["text"])}, tmp_path / "repo",
+                            factory="tests.test_triton:tiny_stages", example={"text": "x"})
+    stages = {"n": (Stage(service_time=1.0), ["text"])}  # simulated only: nothing to serve
+    with pytest.raises(InvalidNodeError, match=r"node 'n'.*no fn"):
+        to_model_repository(stages, tmp_path / "repo", factory="tests.test_triton:tiny_stages", example={"text": "x"})
+    assert not (tmp_path / "repo").exists()
+
+
+# --- config_from_stage: every Stage field mapped, ignored (and said so) or refused by name ---------------------
+
+
+def test_every_stage_field_has_a_stated_fate():
+    assert set(STAGE_FIELDS) == {f.name for f in dataclasses.fields(Stage)}
+
+
+def test_batching_knobs_map_onto_their_triton_fields():
+    config = config_from_stage("m", Stage(fn=list, max_batch_size=8, max_wait=0.0035, replicas=3, max_queue_size=10))
+    assert config.max_batch_size == 8
+    assert config.dynamic_batching.max_queue_delay_microseconds == 3500
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 10
+    assert [(g.count, g.kind) for g in config.instance_group] == [(3, model_config_pb2.ModelInstanceGroup.KIND_CPU)]
+    assert config.backend == "python" and not config.dynamic_batching.preferred_batch_size
+    greedy = config_from_stage("m", Stage(fn=list, max_batch_size=8))  # max_wait 0: the batcher still runs
+    assert greedy.HasField("dynamic_batching") and greedy.dynamic_batching.max_queue_delay_microseconds == 0
+
+
+def test_a_cap_of_one_keeps_the_batch_dimension_without_a_batcher_unless_the_queue_is_bounded():
+    plain = config_from_stage("m", Stage(fn=list, max_batch_size=1, max_wait=0.5))
+    assert plain.max_batch_size == 1 and not plain.HasField("dynamic_batching")
+    bounded = config_from_stage("m", Stage(fn=list, max_batch_size=1, max_queue_size=4))
+    assert bounded.dynamic_batching.default_queue_policy.max_queue_size == 4
+    assert bounded.dynamic_batching.max_queue_delay_microseconds == 0 and bounded.max_batch_size == 1
+
+
+def test_service_time_is_ignored_for_serving():
+    with_cost = config_from_stage("m", Stage(fn=list, service_time=(2.0, 0.1), max_batch_size=4))
+    assert with_cost == config_from_stage("m", Stage(fn=list, max_batch_size=4))
+
+
+def test_a_stage_without_fn_is_refused_by_name():
+    with pytest.raises(UnsupportedStageFieldError, match="stage 'm' with fn=None") as err:
+        config_from_stage("m", Stage(service_time=1.0))
+    assert err.value.field == "fn"
+
+
+def test_a_field_the_adapter_does_not_know_is_refused_by_name():
+    @dataclasses.dataclass(frozen=True)
+    class PriorityStage(Stage):
+        priority: int = 0
+
+    assert config_from_stage("m", PriorityStage(fn=list)) == config_from_stage("m", Stage(fn=list))  # default: fine
+    with pytest.raises(UnsupportedStageFieldError, match="priority=2") as err:
+        config_from_stage("m", PriorityStage(fn=list, priority=2))
+    assert err.value.field == "priority"
+
+
+# --- writing and reading configs with protobuf's text format ---------------------------------------------------
+
+
+def test_non_ascii_text_survives_a_write_and_read(tmp_path):
+    config = config_from_stage("résumé", Stage(fn=list, max_batch_size=4), inputs=[("texte", TensorType.text())],
+                               output=("résumé", TensorType.json()))
+    config.parameters["note"].string_value = "naïve — 東京 ✓ \"quoted\" \\ back"
+    text = config_text(config)
+    assert "東京" in text and "résumé" in text  # written as UTF-8, readable
+    (tmp_path / "config.pbtxt").write_text(text, encoding="utf-8")
+    assert read_config((tmp_path / "config.pbtxt").read_text(encoding="utf-8"), "résumé") == config
+
+
+def test_every_written_config_reads_back_as_the_message_it_was(tmp_path):
+    write_text_repository(tmp_path)
+    for model, config in read_repository(tmp_path).items():
+        assert read_config(config_text(config), model) == config
+        assert config_text(config) == (tmp_path / model / "config.pbtxt").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ('name: "m" backend: "python" input [ { name: "x" }', "'[' opened on line 1 is never closed"),
+    ('name: "m"\nbackend: "python"\ninput [ { name: "x" ] }', "line 3 has ']' where the '{' opened on line 3"),
+    ('name: "m" backend: "python" }', "closes a '}' that was never opened"),
+    ('name: "m" parameters { key: "a{" value { string_value: "[" } } }', "closes a '}' that was never opened"),
+])
+def test_an_unbalanced_bracket_is_a_config_error_naming_the_model(text, problem):
+    with pytest.raises(TritonConfigError) as err:  # the old hand-written parser raised IndexError here
+        read_config(text)
+    assert err.value.model == "m" and problem in str(err.value)
+
+
+def test_the_ensemble_lists_one_step_per_line_so_a_step_can_be_edited(tmp_path):
+    repo = to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    text = repo.config("pipeline")
+    steps = [line for line in text.splitlines() if line.strip().startswith("step {")]
+    assert [json.loads(line.split("model_name: ")[1].split()[0]) for line in steps] == list(tiny_stages())
+    # combine's read of modelB is one unique piece of text (modelB's own step writes it in an output_map)
+    broken = text.replace('input_map { key: "modelB" value: "modelB" }', 'input_map { key: "modelB" value: "modelBB" }')
+    assert broken.count("modelBB") == 1
+    with pytest.raises(TritonConfigError) as err:
+        ensemble_to_graph(broken)
+    assert isinstance(err.value.__cause__, MissingDependencyError) and err.value.model == "pipeline"
+
+
+def test_parse_pbtxt_is_gone_and_every_public_name_resolves():
+    assert not hasattr(triton, "parse_pbtxt")
+    for name in triton.__all__:
+        assert getattr(triton, name) is not None
+
+
+def test_the_model_py_triton_runs_loads_the_backend_only(tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    model_py = tmp_path / "modelA" / "1" / "model.py"
+    assert "from infergraph_lite.frameworks.triton.backend import NodeModel" in model_py.read_text()
+    probe = ("import json, runpy, sys; namespace = runpy.run_path(sys.argv[1]); "
+             "assert namespace['TritonPythonModel'].node == 'modelA'; print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", probe, str(model_py)], capture_output=True, text=True,
+                                       check=True).stdout)
+    ours = {m.removeprefix("infergraph_lite.frameworks.triton") for m in loaded
+            if m.startswith("infergraph_lite.frameworks.triton")}
+    assert ours == {"", ".backend", ".tensors", ".errors"}
+    assert not [m for m in loaded if m.split(".")[0] in ("tritonclient", "grpc", "google")]
 
 
 ENSEMBLE = """
@@ -208,12 +344,12 @@ def test_a_platform_without_the_wheel_gets_a_clear_error(monkeypatch, tmp_path):
 
 
 def test_a_missing_binary_gets_a_clear_error_and_starts_nothing(monkeypatch, tmp_path):
-    import infergraph_lite.frameworks.triton as triton
+    from infergraph_lite.frameworks.triton import server
 
     to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(triton.os, "uname", lambda: type("U", (), {"machine": "x86_64"})())
-    monkeypatch.setattr(triton.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(server.os, "uname", lambda: type("U", (), {"machine": "x86_64"})())
+    monkeypatch.setattr(server.importlib.util, "find_spec", lambda name: None)
     before = own_processes()
     with pytest.raises(TritonUnavailableError, match="nvidia-pytriton is not installed"):
         TritonServer(tmp_path).start()
@@ -363,11 +499,8 @@ def test_a_new_version_takes_the_traffic_when_loaded(tmp_path):
         assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3, "v": 2}
 
 
-
 def test_a_ctrl_c_while_stopping_still_kills_the_server(monkeypatch):
-    import subprocess
-
-    import infergraph_lite.frameworks.triton as triton
+    from infergraph_lite.frameworks.triton import server
 
     stubborn = subprocess.Popen(["bash", "-c", "trap '' INT; sleep 60"], start_new_session=True)
     real_wait, calls = stubborn.wait, []
@@ -380,5 +513,5 @@ def test_a_ctrl_c_while_stopping_still_kills_the_server(monkeypatch):
 
     monkeypatch.setattr(stubborn, "wait", interrupted_wait)
     with pytest.raises(KeyboardInterrupt):
-        triton._stop_process_group(stubborn, grace=5.0)
+        server._stop_process_group(stubborn, grace=5.0)
     assert stubborn.poll() is not None

@@ -1,0 +1,211 @@
+"""Talk to a running Triton: one answer, a future per request (the load generators' interface), statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from infergraph_lite.frameworks.triton.tensors import TensorType, json_tensor_types
+from infergraph_lite.serving.metrics import StageTimes
+
+__all__ = ["ModelStats", "TritonClient"]
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """One model's counters from Triton's statistics API (since load, or a difference of two readings).
+
+    ``batch_sizes`` is the histogram Triton's dynamic batcher produced: batch size -> executions;
+    ``batch_compute`` the compute seconds (input + infer + output) those executions took, per batch size,
+    so ``batch_compute[b] / batch_sizes[b]`` is the mean time of one call with a batch of ``b``.
+    Times are totals in seconds; the ``mean_*`` properties divide by the request count.
+    """
+
+    name: str
+    requests: int = 0  # successful requests
+    inferences: int = 0  # items (a request may hold several)
+    executions: int = 0  # batches run
+    request_time: float = 0.0  # success: arrival to response, summed over requests
+    queue_time: float = 0.0
+    compute_time: float = 0.0  # input + infer + output
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    batch_compute: dict[int, float] = field(default_factory=dict)  # batch size -> compute seconds of its executions
+
+    @property
+    def mean_latency(self) -> float:
+        return self.request_time / self.requests if self.requests else float("nan")
+
+    @property
+    def mean_queue(self) -> float:
+        return self.queue_time / self.requests if self.requests else float("nan")
+
+    @property
+    def mean_compute(self) -> float:
+        return self.compute_time / self.requests if self.requests else float("nan")
+
+    @property
+    def mean_batch_size(self) -> float:
+        total = sum(self.batch_sizes.values())
+        return sum(b * n for b, n in self.batch_sizes.items()) / total if total else float("nan")
+
+    @property
+    def call_seconds(self) -> dict[int, float]:
+        """Mean compute seconds of one call (one execution), per batch size: the measured s(b).
+
+        >>> ModelStats("m", batch_sizes={1: 4, 8: 2}, batch_compute={1: 0.04, 8: 0.05}).call_seconds
+        {1: 0.01, 8: 0.025}
+        """
+        return {b: self.batch_compute.get(b, 0.0) / n for b, n in self.batch_sizes.items() if n}
+
+    def __sub__(self, earlier: ModelStats) -> ModelStats:
+        sizes = {b: n - earlier.batch_sizes.get(b, 0) for b, n in self.batch_sizes.items()}
+        compute = {b: t - earlier.batch_compute.get(b, 0.0) for b, t in self.batch_compute.items()}
+        return ModelStats(self.name, self.requests - earlier.requests, self.inferences - earlier.inferences,
+                          self.executions - earlier.executions, self.request_time - earlier.request_time,
+                          self.queue_time - earlier.queue_time, self.compute_time - earlier.compute_time,
+                          {b: n for b, n in sorted(sizes.items()) if n},
+                          {b: compute.get(b, 0.0) for b, n in sorted(sizes.items()) if n})
+
+    def stage_times(self) -> StageTimes:
+        """Per request queue and compute seconds and the mean batch, as
+        :class:`~infergraph_lite.serving.loadtest.LoadReport`
+        shows a stage."""
+        return StageTimes(self.mean_queue, self.mean_compute, self.mean_batch_size)
+
+    @classmethod
+    def from_triton(cls, stats: Mapping[str, Any]) -> ModelStats:
+        """From one entry of ``get_inference_statistics(as_json=True)['model_stats']``."""
+        inference = stats.get("inference_stats", {})
+
+        def seconds(part: str) -> float:
+            return int(inference.get(part, {}).get("ns", 0)) / 1e9
+
+        sizes = {int(b["batch_size"]): int(b.get("compute_infer", {}).get("count", 0))
+                 for b in stats.get("batch_stats", [])}
+        compute = {int(b["batch_size"]): sum(int(b.get(part, {}).get("ns", 0))
+                                             for part in ("compute_input", "compute_infer", "compute_output")) / 1e9
+                   for b in stats.get("batch_stats", [])}
+        return cls(stats["name"], int(inference.get("success", {}).get("count", 0)),
+                   int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0)), seconds("success"),
+                   seconds("queue"), seconds("compute_input") + seconds("compute_infer") + seconds("compute_output"),
+                   {b: n for b, n in sorted(sizes.items()) if n},
+                   {b: compute[b] for b, n in sorted(sizes.items()) if n})
+
+
+def _sum_stats(name: str, parts: Sequence[ModelStats]) -> ModelStats:
+    sizes: dict[int, int] = {}
+    compute: dict[int, float] = {}
+    for p in parts:
+        for b, n in p.batch_sizes.items():
+            sizes[b] = sizes.get(b, 0) + n
+        for b, t in p.batch_compute.items():
+            compute[b] = compute.get(b, 0.0) + t
+    return ModelStats(name, sum(p.requests for p in parts), sum(p.inferences for p in parts),
+                      sum(p.executions for p in parts), sum(p.request_time for p in parts),
+                      sum(p.queue_time for p in parts), sum(p.compute_time for p in parts), dict(sorted(sizes.items())),
+                      {b: compute.get(b, 0.0) for b in sorted(sizes)})
+
+
+class TritonClient:
+    """Talk to a Triton server: one answer (:meth:`infer`), a future (:meth:`submit`), its statistics.
+
+    ``submit(inputs) -> Future`` is the load generators' interface, so the package's open- and
+    closed-loop drivers put load on Triton as they do on the in-process batcher.  Tensor types
+    (text, JSON, numbers, arrays) are read from the model's config on the server.
+    """
+
+    def __init__(self, grpc_url: str, model: str = "pipeline"):
+        import tritonclient.grpc as grpcclient  # gRPC only: no gevent, so an interrupted call cannot hang the hub
+
+        self.grpc_url, self.model = grpc_url, model
+        self._grpc = grpcclient
+        self._stream = grpcclient.InferenceServerClient(grpc_url)
+        self._types: dict[str, tuple[dict[str, TensorType], dict[str, TensorType]]] = {}
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> TritonClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def tensor_types(self, model: str | None = None) -> tuple[dict[str, TensorType], dict[str, TensorType]]:
+        """``(inputs, outputs)`` of a model: tensor name -> :class:`TensorType`, read from its config."""
+        model = model or self.model
+        if model not in self._types:
+            self._types[model] = json_tensor_types(self._stream.get_model_config(model, as_json=True)["config"])
+        return self._types[model]
+
+    def _request(self, model: str, inputs: Mapping[str, Any]) -> tuple[list[Any], list[Any], dict[str, TensorType]]:
+        in_types, out_types = self.tensor_types(model)
+        if len(in_types) == 1 and set(inputs) != set(in_types):
+            inputs = {next(iter(in_types)): next(iter(inputs.values()))}  # one input: any name will do
+        missing = set(in_types) - set(inputs)
+        if missing:
+            raise ValueError(f"model {model!r} needs inputs {sorted(in_types)}; missing {sorted(missing)}")
+        tensors = []
+        for name, kind in in_types.items():
+            data = kind.encode([inputs[name]])
+            tensor = self._grpc.InferInput(name, list(data.shape), kind.wire_type)
+            tensor.set_data_from_numpy(data)
+            tensors.append(tensor)
+        outputs = [self._grpc.InferRequestedOutput(name) for name in out_types]
+        return tensors, outputs, out_types
+
+    @staticmethod
+    def _decode(result: Any, out_types: Mapping[str, TensorType]) -> dict[str, Any]:
+        return {name: kind.decode(result.as_numpy(name))[0] for name, kind in out_types.items()}
+
+    def infer(self, inputs: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
+        """One request: ``{input name: value}`` -> ``{output name: value}``."""
+        model = model or self.model
+        tensors, outputs, out_types = self._request(model, inputs)
+        return self._decode(self._stream.infer(model, tensors, outputs=outputs), out_types)
+
+    def submit(self, inputs: Mapping[str, Any], model: str | None = None) -> Future:
+        """Send one request without waiting; the future holds ``{output name: value}`` (or the error)."""
+        model = model or self.model
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+        tensors, outputs, out_types = self._request(model, inputs)
+
+        def done(result: Any, error: Any) -> None:
+            if error is not None:
+                future.set_exception(RuntimeError(str(error)))
+            else:
+                try:
+                    future.set_result(self._decode(result, out_types))
+                except Exception as exc:  # noqa: BLE001 - a decoding problem belongs to the caller
+                    future.set_exception(exc)
+
+        self._stream.async_infer(model, tensors, callback=done, outputs=outputs)
+        return future
+
+    def statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
+        """Per-model counters since load: requests, batch-size histogram, queue and compute time.
+
+        Versions of a model are summed unless ``version`` is given.
+        """
+        raw = self._stream.get_inference_statistics(model, version, as_json=True).get("model_stats", [])
+        grouped: dict[str, list[ModelStats]] = {}
+        for entry in raw:
+            grouped.setdefault(entry["name"], []).append(ModelStats.from_triton(entry))
+        return {name: _sum_stats(name, parts) for name, parts in grouped.items()}
+
+    def load(self, model: str) -> None:
+        """(Re)load a model from the repository (needs ``model_control="explicit"``): new versions and configs."""
+        self._stream.load_model(model)
+        self._types.pop(model, None)
+
+    def unload(self, model: str) -> None:
+        self._stream.unload_model(model)
+        self._types.pop(model, None)
+
+    def ready_versions(self, model: str) -> list[str]:
+        """The versions of ``model`` now serving."""
+        index = self._stream.get_model_repository_index(as_json=True).get("models", [])
+        return sorted(m.get("version", "") for m in index if m["name"] == model and m.get("state") == "READY")
