@@ -515,3 +515,13 @@ def test_a_ctrl_c_while_stopping_still_kills_the_server(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         server._stop_process_group(stubborn, grace=5.0)
     assert stubborn.poll() is not None
+
+
+def test_the_reader_takes_comments_escapes_and_repeated_fields():
+    # Moved here with the reader from the exercise checks' tests (they tested the hand-written parser).
+    config = parse_model_config('# a comment\nname: "a\\"b"\n'
+                                'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1, -1 ] } ]\n'
+                                "instance_group { count: 1 } instance_group { count: 2 kind: KIND_GPU }")
+    assert config.name == 'a"b' and list(config.input[0].dims) == [1, -1]
+    assert [(g.count, model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)) for g in config.instance_group] == [
+        (1, "KIND_AUTO"), (2, "KIND_GPU")]
