@@ -168,15 +168,15 @@ def to_model_repository(
         configs = _configs_for_ensemble(graph, types, wiring, graph_inputs)
     else:
         sinks = [n for n in graph if not any(n in deps for _, deps in graph.values())]
-        outputs = list(outputs or sinks)
-        for out in outputs:
+        exposed = list(outputs or sinks)
+        for out in exposed:
             if out not in graph:
                 raise ValueError(f"output {out!r} is not a node of the graph")
         configs = [config_from_stage(node, stage, inputs=[(d, types[d]) for d in dict.fromkeys(deps)],
                                      output=(node, types[node])) for node, (stage, deps) in graph.items()]
         # Triton wants an ensemble's batch no larger than any member's
         ens_batch = min(config.max_batch_size for config in configs)
-        ens = ensemble_config(name, graph, types, graph_inputs, outputs, ens_batch)
+        ens = ensemble_config(name, graph, types, graph_inputs, exposed, ens_batch)
     path.mkdir(parents=True, exist_ok=True)
     spec = _factory_spec(factory, path)
     _check_factory(spec, path, list(graph), graph_inputs)
@@ -190,7 +190,7 @@ def to_model_repository(
         ens_out = {t.name: declared_type(model_config_type_name(t.data_type), t.dims) for t in wiring.config.output}
         return Repository(path, wiring.name, [*(c.name for c in configs), wiring.name], ens_in, ens_out)
     _write_model(path, ens, None)
-    return Repository(path, name, [*graph, name], {n: types[n] for n in graph_inputs}, {n: types[n] for n in outputs})
+    return Repository(path, name, [*graph, name], {n: types[n] for n in graph_inputs}, {n: types[n] for n in exposed})
 
 
 def _configs_for_ensemble(graph: Mapping[str, tuple[Stage, Sequence[str]]], types: Mapping[str, TensorType],
