@@ -158,13 +158,14 @@ def test_rules_beyond_the_schema_name_model_and_field(tmp_path):
 
 @pytest.mark.parametrize("cap", [None, AIMD(latency_target=0.01)])
 def test_stage_knobs_triton_cannot_express_are_refused_by_node_before_anything_is_written(tmp_path, cap):
-    stages = tiny_stages()
+    stages, ran = tiny_stages(), []
+    stages["pre"] = (Stage(fn=lambda xs: ran.append(xs) or [x.lower() for x in xs], max_batch_size=4), ["text"])
     stages["modelA"] = (Stage(fn=stages["modelA"][0].fn, max_batch_size=cap), ["pre"])
     with pytest.raises(UnsupportedStageFieldError, match="triton cannot serve stage 'modelA'") as err:
         to_model_repository(stages, tmp_path / "repo", factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
     assert (err.value.engine, err.value.stage, err.value.field, err.value.value) == ("triton", "modelA",
                                                                                      "max_batch_size", cap)
-    assert not (tmp_path / "repo").exists()
+    assert not (tmp_path / "repo").exists() and not ran  # refused before anything was written or run
 
 
 def test_the_repository_writer_takes_real_stages_only(tmp_path):

@@ -26,7 +26,8 @@ from infergraph_lite.frameworks.triton.errors import TritonConfigError
 from infergraph_lite.frameworks.triton.tensors import ENCODING_PARAMETER, TensorType
 
 __all__ = ["ENGINE", "STAGE_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
-           "ensemble_config", "member_config", "model_config_type_name", "parse_model_config", "read_config"]
+           "declare_tensors", "ensemble_config", "member_config", "model_config_type_name", "parse_model_config",
+           "read_config"]
 
 ModelConfig = model_config_pb2.ModelConfig
 ENGINE = "triton"  # the engine's name in UnsupportedStageFieldError
@@ -49,7 +50,15 @@ def _tensor(kind: type, name: str, tensor: TensorType) -> Any:
     return kind(name=name, data_type=model_config_pb2.DataType.Value(tensor.data_type), dims=list(tensor.dims))
 
 
-def _declare(config: Any, inputs: Sequence[tuple[str, TensorType]], outputs: Sequence[tuple[str, TensorType]]) -> None:
+def declare_tensors(config: Any, inputs: Sequence[tuple[str, TensorType]],
+                    outputs: Sequence[tuple[str, TensorType]]) -> None:
+    """Add typed ``input``/``output`` tensors to a ``ModelConfig``, and a parameter per tensor saying how it travels.
+
+    >>> config = ModelConfig(name="n")
+    >>> declare_tensors(config, [("text", TensorType.text())], [("n", TensorType.scalar("int64"))])
+    >>> [t.name for t in config.input], config.parameters["infergraph.encoding.n"].string_value
+    (['text'], 'scalar')
+    """
     config.input.extend(_tensor(model_config_pb2.ModelInput, n, t) for n, t in inputs)
     config.output.extend(_tensor(model_config_pb2.ModelOutput, n, t) for n, t in outputs)
     for n, t in [*inputs, *outputs]:  # how the Python values travel, read back by the stub and the client
@@ -93,7 +102,7 @@ max_batch_size=None: ...
                "Triton's max_batch_size is fixed when the model loads; an adaptive cap has no Triton field")
         raise UnsupportedStageFieldError(ENGINE, name, "max_batch_size", size, why)
     config = ModelConfig(name=name, backend="python", max_batch_size=size)
-    _declare(config, inputs, [output] if output else [])
+    declare_tensors(config, inputs, [output] if output else [])
     if size > 1:
         config.dynamic_batching.max_queue_delay_microseconds = round(stage.max_wait * 1e6)
     if stage.max_queue_size is not None:
@@ -134,7 +143,7 @@ def ensemble_config(name: str, stages: Mapping[str, tuple[Any, Sequence[str]]], 
     [('shout', {'text': 'text'}, {'shout': 'shout'})]
     """
     config = ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size)
-    _declare(config, [(n, types[n]) for n in inputs], [(n, types[n]) for n in outputs])
+    declare_tensors(config, [(n, types[n]) for n in inputs], [(n, types[n]) for n in outputs])
     for node in topological_order(stages, inputs):
         deps = list(dict.fromkeys(stages[node][1]))
         config.ensemble_scheduling.step.add(model_name=node, model_version=-1, input_map={d: d for d in deps},

@@ -21,6 +21,7 @@ from infergraph_lite.frameworks.triton.backend import load_factory
 from infergraph_lite.frameworks.triton.config import (
     config_from_stage,
     config_text,
+    declare_tensors,
     ensemble_config,
     model_config_type_name,
     read_config,
@@ -157,47 +158,55 @@ def to_model_repository(
     inputs = list(example) if example is not None else [d for _, deps in entries for d in deps if d not in stages]
     graph = prepare_stages(stages, inputs, need="fn").nodes
     graph_inputs = list(dict.fromkeys(d for _, deps in graph.values() for d in deps if d not in graph))
+    # Every Stage mapped (or refused by name) before any batch function runs to type the tensors.
+    configs = {node: config_from_stage(node, stage) for node, (stage, _) in graph.items()}
+    wiring = ensemble_to_graph(ensemble) if ensemble is not None else None
     types = dict(tensors or {})
     if any(n not in types for n in [*graph_inputs, *graph]):
         if example is None:
             missing = [n for n in [*graph_inputs, *graph] if n not in types]
             raise ValueError(f"no tensor type for {missing}: pass tensors={{name: TensorType}} or an example input")
         types = {**infer_tensor_types(stages, example), **types}
-    if ensemble is not None:
-        wiring = ensemble_to_graph(ensemble)
-        configs = _configs_for_ensemble(graph, types, wiring, graph_inputs)
+    if wiring is not None:
+        wired = _wire_by_ensemble(graph, types, wiring, graph_inputs)
+        configs = {node: configs[node] for node in wired}  # the models the ensemble's steps run
+        for node, (inputs_of, output_name) in wired.items():
+            declare_tensors(configs[node], inputs_of, [(output_name, types[node])])
     else:
         sinks = [n for n in graph if not any(n in deps for _, deps in graph.values())]
         exposed = list(outputs or sinks)
         for out in exposed:
             if out not in graph:
                 raise ValueError(f"output {out!r} is not a node of the graph")
-        configs = [config_from_stage(node, stage, inputs=[(d, types[d]) for d in dict.fromkeys(deps)],
-                                     output=(node, types[node])) for node, (stage, deps) in graph.items()]
+        for node, (_, deps) in graph.items():
+            declare_tensors(configs[node], [(d, types[d]) for d in dict.fromkeys(deps)], [(node, types[node])])
         # Triton wants an ensemble's batch no larger than any member's
-        ens_batch = min(config.max_batch_size for config in configs)
+        ens_batch = min(config.max_batch_size for config in configs.values())
         ens = ensemble_config(name, graph, types, graph_inputs, exposed, ens_batch)
     path.mkdir(parents=True, exist_ok=True)
     spec = _factory_spec(factory, path)
     _check_factory(spec, path, list(graph), graph_inputs)
-    for config in configs:
+    for config in configs.values():
         _write_model(path, config, spec)
-    if ensemble is not None:
+    if wiring is not None:
+        assert ensemble is not None
         (path / wiring.name).mkdir(exist_ok=True)
         (path / wiring.name / "config.pbtxt").write_text(ensemble, encoding="utf-8")  # the learner's own text
         (path / wiring.name / "1").mkdir(exist_ok=True)
         ens_in = {t.name: declared_type(model_config_type_name(t.data_type), t.dims) for t in wiring.config.input}
         ens_out = {t.name: declared_type(model_config_type_name(t.data_type), t.dims) for t in wiring.config.output}
-        return Repository(path, wiring.name, [*(c.name for c in configs), wiring.name], ens_in, ens_out)
+        return Repository(path, wiring.name, [*configs, wiring.name], ens_in, ens_out)
     _write_model(path, ens, None)
     return Repository(path, name, [*graph, name], {n: types[n] for n in graph_inputs}, {n: types[n] for n in exposed})
 
 
-def _configs_for_ensemble(graph: Mapping[str, tuple[Stage, Sequence[str]]], types: Mapping[str, TensorType],
-                          wiring: EnsembleGraph, graph_inputs: Sequence[str]) -> list[Any]:
+def _wire_by_ensemble(graph: Mapping[str, tuple[Stage, Sequence[str]]], types: Mapping[str, TensorType],
+                      wiring: EnsembleGraph, graph_inputs: Sequence[str]
+                      ) -> dict[str, tuple[list[tuple[str, TensorType]], str]]:
     # Members named and wired as a hand-written ensemble says: each step's input_map keys are the model's
     # input tensors, matched to the node's dependencies by which step (or ensemble input) writes them.
-    configs = []
+    # Returns node -> (its typed input tensors in the order of its dependencies, its output tensor's name).
+    wired = {}
     for index, (label, (step, _)) in enumerate(wiring.nodes.items()):
         node = step.model_name
         where = f"ensemble_scheduling.step[{index}]"
@@ -205,8 +214,7 @@ def _configs_for_ensemble(graph: Mapping[str, tuple[Stage, Sequence[str]]], type
             raise TritonConfigError(wiring.name, f"{where}.model_name",
                                     f"step {label!r} runs model {node!r}, which is not a node of the graph "
                                     f"({', '.join(graph)})")
-        stage, deps = graph[node]
-        deps = list(deps)
+        deps = list(graph[node][1])
         inputs: list[tuple[str, TensorType] | None] = [None] * len(deps)
         for key, tensor in step.input_map.items():
             source = wiring.producers.get(tensor)
@@ -223,9 +231,8 @@ def _configs_for_ensemble(graph: Mapping[str, tuple[Stage, Sequence[str]]], type
             raise TritonConfigError(wiring.name, f"{where}.input_map", f"step {node!r} does not read {lost}, which "
                                                                         f"node {node!r} needs")
         ((out_key, _),) = step.output_map.items()
-        configs.append(config_from_stage(node, stage, inputs=[i for i in inputs if i is not None],
-                                         output=(out_key, types[node])))
-    return configs
+        wired[node] = ([i for i in inputs if i is not None], out_key)
+    return wired
 
 
 def add_model_version(repository: Repository | str | Path, model: str, version: int,
