@@ -16,7 +16,7 @@ import pytest
 from infergraph_lite import critical_path, levels, run_graph, simulate_batching
 from infergraph_lite.exercises import lesson01, lesson02, lesson03, lesson04, lesson05, lesson07
 from infergraph_lite.exercises.feedback import Feedback, WrongAnswer, require_count, require_number
-from infergraph_lite.frameworks.triton import parse_pbtxt, triton_available
+from infergraph_lite.frameworks.triton import triton_available
 
 LESSONS = [f"infergraph_lite.exercises.lesson0{n}" for n in range(1, 8)]
 CHECKERS = [(f"{module.rsplit('.', 1)[1]}.{name}", getattr(importlib.import_module(module), name))
@@ -403,13 +403,6 @@ def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_other
     assert_wrong(lesson05.check_triton_ensemble(misspelt), "model 'banana_ensemble'", "field max_batch_sise")
     looped = GOOD_ENSEMBLE.replace('input_map { key: "IN" value: "TEXT" }', 'input_map { key: "IN" value: "RESULT" }')
     assert_wrong(lesson05.check_triton_ensemble(looped), "not a DAG", "cycle")
-
-
-def test_pbtxt_parser_reads_repeated_fields_lists_comments_and_escapes():
-    # The reader is Triton's (5.4's checker reads configs through it); this test moves with it.
-    parsed = parse_pbtxt('# comment\nname: "a\\"b" dims: [ 1, -1 ] step { x: 1 } step { x: 2.5 } kind: KIND_GPU')
-    assert parsed == {"name": ['a"b'], "dims": [1, -1], "step": [{"x": [1]}, {"x": [2.5]}], "kind": ["KIND_GPU"]}
-
 
 
 # --- 07 · Real serving frameworks ---------------------------------------------------------------------------
