@@ -1,8 +1,8 @@
 """Every Stage field x every engine: mapped onto the engine's own setting, or refused by name before anything starts.
 
 Each engine's mapping is a pure function (nothing starts: no thread, no Ray, no cluster, no Triton):
-GraphServer's and Dask's ``from_stage``, Ray Serve's ``ray_serve_options.from_stage`` and, for Triton,
-today's ``member_config`` (see ``TRITON_TO_UPDATE``).  A row either checks the engine's setting or
+GraphServer's and Dask's ``from_stage``, Ray Serve's ``ray_serve_options.from_stage`` and Triton's
+``config_from_stage`` (a ``ModelConfig`` protobuf message).  A row either checks the engine's setting or
 expects an :class:`UnsupportedStageFieldError` naming the engine, the stage and the field.  A new
 ``Stage`` field fails :func:`test_every_stage_field_has_a_row` until every engine maps or refuses it.
 """
@@ -17,8 +17,7 @@ import pytest
 
 from infergraph_lite.core.policy import AIMD
 from infergraph_lite.core.stage import STAGE_FIELDS, Stage, UnsupportedStageFieldError
-from infergraph_lite.frameworks import ray_serve_options
-from infergraph_lite.frameworks.triton import TensorType, member_config, parse_pbtxt
+from infergraph_lite.frameworks import ray_serve_options, triton
 from infergraph_lite.serving import graph_server
 
 
@@ -43,23 +42,20 @@ def dask_settings(stage: Stage) -> dict[str, Any]:
     return {"task_fn": dask_graph.from_stage(NAME, stage)}
 
 
-def triton_settings(stage: Stage) -> dict[str, Any]:
-    # Today's text config, parsed without a schema; the triton helper's mapping returns a protobuf ModelConfig.
-    return parse_pbtxt(member_config(NAME, stage, [("embed", TensorType.text())], (NAME, TensorType.text())))
+def triton_settings(stage: Stage) -> Any:
+    # Triton's mapping: a ModelConfig protobuf message (the schema Triton loads), or a refusal.
+    return triton.config_from_stage(NAME, stage, inputs=[("embed", triton.TensorType.text())],
+                                    output=(NAME, triton.TensorType.text()))
 
 
 ENGINES: dict[str, tuple[str, Callable[[Stage], dict[str, Any]]]] = {
     "GraphServer": (graph_server.ENGINE, graph_server_settings),
     "Ray Serve": (ray_serve_options.ENGINE, ray_settings),
     "Dask": ("Dask", dask_settings),
-    "Triton": ("Triton", triton_settings),
+    "Triton": (triton.ENGINE, triton_settings),
 }
 
 REFUSED = "refused"  # the engine must raise UnsupportedStageFieldError(engine, stage, field, ...)
-
-
-def _dynamic_batching(settings: dict[str, Any]) -> dict[str, Any]:
-    return settings["dynamic_batching"][0]
 
 
 # (field, the stage, {engine: a check of its settings, or REFUSED}); a row may give one engine its own stage.
@@ -75,7 +71,7 @@ ROWS: list[tuple[str, Stage, dict[str, Any], dict[str, Stage]]] = [
         "GraphServer": lambda s: s["max_batch_size"] == 16,
         "Ray Serve": lambda s: s["batch"]["max_batch_size"] == 16 and s["max_ongoing_requests"] >= 16,
         "Dask": REFUSED,
-        "Triton": lambda s: s["max_batch_size"] == [16] and "dynamic_batching" in s,
+        "Triton": lambda s: s.max_batch_size == 16 and s.HasField("dynamic_batching"),
     }, {}),
     ("max_batch_size", Stage(fn=fn, max_batch_size=None), {
         "GraphServer": lambda s: s["max_batch_size"] is None,
@@ -93,36 +89,29 @@ ROWS: list[tuple[str, Stage, dict[str, Any], dict[str, Stage]]] = [
         "GraphServer": lambda s: s["max_wait"] == 0.002,
         "Ray Serve": lambda s: s["batch"]["batch_wait_timeout_s"] == 0.002,
         "Dask": REFUSED,
-        "Triton": lambda s: _dynamic_batching(s)["max_queue_delay_microseconds"] == [2000],
+        "Triton": lambda s: s.dynamic_batching.max_queue_delay_microseconds == 2000,
     }, {"Dask": Stage(fn=fn, max_wait=0.002)}),  # Dask refuses any batching: the wait alone shows the max_wait row
     ("replicas", Stage(fn=fn, replicas=3), {
         "GraphServer": lambda s: s["replicas"] == 3,
         "Ray Serve": lambda s: s["num_replicas"] == 3,
         "Dask": REFUSED,
-        "Triton": lambda s: s["instance_group"][0]["count"] == [3],
+        "Triton": lambda s: [g.count for g in s.instance_group] == [3],
     }, {}),
     ("fn", Stage(fn=fn), {
         "GraphServer": lambda s: s["batch_fn"] is fn,
         "Ray Serve": lambda s: s["fn"] is fn,
         "Dask": lambda s: s["task_fn"] is fn,
-        "Triton": lambda s: False,  # the stub rebuilds fn from the repository's factory; see TRITON_TO_UPDATE
+        # A Python-backend model: its model.py rebuilds the graph with the repository's factory and runs fn.
+        "Triton": lambda s: s.backend == "python",
     }, {}),
     ("max_queue_size", Stage(fn=fn, max_queue_size=50), {
         "GraphServer": lambda s: s["max_queue_size"] == 50,
         "Ray Serve": lambda s: s["max_queued_requests"] == 50,
         "Dask": REFUSED,
         # Triton's own bound: dynamic_batching { default_queue_policy { max_queue_size } }.
-        "Triton": lambda s: _dynamic_batching(s)["default_queue_policy"][0]["max_queue_size"] == [50],
+        "Triton": lambda s: s.dynamic_batching.default_queue_policy.max_queue_size == 50,
     }, {}),
 ]
-
-# Triton rows that today's member_config does not pass: None and AIMD caps raise TritonConfigError (which names
-# the model and field but not the engine), max_queue_size is dropped, fn is not part of a config.  The triton
-# helper is writing Triton's from_stage (a protobuf ModelConfig, or a refusal): when it is merged, point
-# triton_settings at it and empty this set; strict xfails turn into failures as soon as a row passes.
-TRITON_TO_UPDATE = {("max_batch_size", "None"), ("max_batch_size", "AIMD"), ("fn", "fn"),
-                    ("max_queue_size", "50")}
-
 
 def _row_id(field: str, stage: Stage) -> str:
     value = getattr(stage, field)
@@ -134,10 +123,7 @@ def _row_id(field: str, stage: Stage) -> str:
 CASES = []
 for field, stage, expected, own in ROWS:
     for engine, check in expected.items():
-        marks = []
-        if engine == "Triton" and (field, _row_id(field, stage)) in TRITON_TO_UPDATE:
-            marks.append(pytest.mark.xfail(strict=True, reason="today's member_config; update to Triton's from_stage"))
-        CASES.append(pytest.param(engine, field, own.get(engine, stage), check, marks=marks,
+        CASES.append(pytest.param(engine, field, own.get(engine, stage), check,
                                   id=f"{engine}-{field}={_row_id(field, stage)}"))
 
 
@@ -166,8 +152,8 @@ DEFAULTS = {  # a Stage with every default: no batching, one replica, no queue b
     "GraphServer": lambda s: (s["max_batch_size"], s["replicas"], s["max_queue_size"]) == (1, 1, None),
     "Ray Serve": lambda s: s["batch"] is None and s["num_replicas"] == 1 and s["max_queued_requests"] == -1,
     "Dask": lambda s: s["task_fn"] is fn,
-    "Triton": lambda s: s["max_batch_size"] == [1] and "dynamic_batching" not in s
-                        and s["instance_group"][0]["count"] == [1],
+    "Triton": lambda s: s.max_batch_size == 1 and not s.HasField("dynamic_batching")
+                        and [g.count for g in s.instance_group] == [1],
 }
 
 

@@ -25,7 +25,7 @@ from infergraph_lite.core.policy import AIMD
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
 from infergraph_lite.frameworks import triton
 from infergraph_lite.frameworks.triton import (
-    STAGE_FIELDS,
+    TRITON_FIELDS,
     TensorType,
     TritonConfigError,
     TritonServer,
@@ -161,9 +161,9 @@ def test_stage_knobs_triton_cannot_express_are_refused_by_node_before_anything_i
     stages, ran = tiny_stages(), []
     stages["pre"] = (Stage(fn=lambda xs: ran.append(xs) or [x.lower() for x in xs], max_batch_size=4), ["text"])
     stages["modelA"] = (Stage(fn=stages["modelA"][0].fn, max_batch_size=cap), ["pre"])
-    with pytest.raises(UnsupportedStageFieldError, match="triton cannot serve stage 'modelA'") as err:
+    with pytest.raises(UnsupportedStageFieldError, match="Triton cannot serve stage 'modelA'") as err:
         to_model_repository(stages, tmp_path / "repo", factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
-    assert (err.value.engine, err.value.stage, err.value.field, err.value.value) == ("triton", "modelA",
+    assert (err.value.engine, err.value.stage, err.value.field, err.value.value) == ("Triton", "modelA",
                                                                                      "max_batch_size", cap)
     assert not (tmp_path / "repo").exists() and not ran  # refused before anything was written or run
 
@@ -182,7 +182,7 @@ def test_the_repository_writer_takes_real_stages_only(tmp_path):
 
 
 def test_every_stage_field_has_a_stated_fate():
-    assert set(STAGE_FIELDS) == {f.name for f in dataclasses.fields(Stage)}
+    assert set(TRITON_FIELDS) == {f.name for f in dataclasses.fields(Stage)}
 
 
 def test_batching_knobs_map_onto_their_triton_fields():

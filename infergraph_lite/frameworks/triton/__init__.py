@@ -5,7 +5,7 @@ one Python-backend model per node, whose ``model.py`` calls the node's real
 batch function (``stage.fn``), and one ``platform: "ensemble"`` model whose
 ``ensemble_scheduling`` steps wire the nodes by tensor names, as the graph's
 edges do.  The batching knobs map one to one (:func:`config_from_stage`; every
-field's fate is in :data:`STAGE_FIELDS`)::
+field's fate is in :data:`TRITON_FIELDS`)::
 
     Stage.max_batch_size  ->  max_batch_size (above 1, with a dynamic_batching block)
     Stage.max_wait (s)    ->  dynamic_batching { max_queue_delay_microseconds }
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from infergraph_lite.frameworks.triton.client import ModelStats, TritonClient
     from infergraph_lite.frameworks.triton.config import (
         ENGINE,
-        STAGE_FIELDS,
+        TRITON_FIELDS,
         ModelConfig,
         check_model_config,
         config_from_stage,
@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
 _EXPORTS = {
     "backend": ["NodeModel", "load_factory"],
     "client": ["ModelStats", "TritonClient"],
-    "config": ["ENGINE", "STAGE_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
+    "config": ["ENGINE", "TRITON_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
                "declare_tensors", "ensemble_config", "member_config", "model_config_type_name", "parse_model_config",
                "read_config"],
     "ensemble": ["EnsembleGraph", "ensemble_to_graph"],
@@ -86,7 +86,7 @@ _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in nam
 __all__ = [
     "ENCODING_PARAMETER",
     "ENGINE",
-    "STAGE_FIELDS",
+    "TRITON_FIELDS",
     "Encoding",
     "EnsembleGraph",
     "ModelConfig",

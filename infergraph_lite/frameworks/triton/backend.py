@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infergraph_lite.core.stage import batch_item
 from infergraph_lite.frameworks.triton.errors import TritonConfigError
 from infergraph_lite.frameworks.triton.tensors import json_tensor_types
 
@@ -81,7 +82,7 @@ class NodeModel:
         items: list[Any] = []
         for request in requests:
             columns = [t.decode(pb.get_input_tensor_by_name(request, n).as_numpy()) for n, t in self.inputs]
-            rows = columns[0] if len(columns) == 1 else list(zip(*columns))
+            rows = [batch_item(values) for values in zip(*columns)]  # one item per row, as every engine builds it
             sizes.append(len(rows))
             items.extend(rows)
         try:

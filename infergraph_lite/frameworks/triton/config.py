@@ -6,7 +6,7 @@ text holds -- non-ASCII strings, a typo, an unbalanced bracket -- is the protobu
 parse error becomes a :class:`~.errors.TritonConfigError` naming the model.
 
 The one mapping from a :class:`~infergraph_lite.core.stage.Stage` to a config is :func:`config_from_stage`;
-:data:`STAGE_FIELDS` says, for every field of ``Stage``, what becomes of it.
+:data:`TRITON_FIELDS` says, for every field of ``Stage``, what becomes of it.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
 from infergraph_lite.frameworks.triton.errors import TritonConfigError
 from infergraph_lite.frameworks.triton.tensors import ENCODING_PARAMETER, TensorType
 
-__all__ = ["ENGINE", "STAGE_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
+__all__ = ["ENGINE", "TRITON_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
            "declare_tensors", "ensemble_config", "member_config", "model_config_type_name", "parse_model_config",
            "read_config"]
 
 ModelConfig = model_config_pb2.ModelConfig
-ENGINE = "triton"  # the engine's name in UnsupportedStageFieldError
+ENGINE = "Triton"  # how UnsupportedStageFieldError names this engine
 
 #: What :func:`config_from_stage` does with each field of ``Stage``: mapped, ignored (and why) or refused.
-STAGE_FIELDS: dict[str, str] = {
+TRITON_FIELDS: dict[str, str] = {
     "fn": "required: the model's model.py runs it on each dynamic batch (a Stage without one is refused)",
     "service_time": "ignored: a cost for the simulator, not a server setting; Triton measures the real fn",
     "max_batch_size": "an int b: max_batch_size b, and for b > 1 a dynamic_batching block (b = 1: the batch "
@@ -70,7 +70,7 @@ def config_from_stage(name: str, stage: Stage, *, inputs: Sequence[tuple[str, Te
     """The ``ModelConfig`` of one node served by Triton's Python backend: every Stage field mapped or refused.
 
     ``inputs``/``output`` are ``(tensor name, TensorType)``; without them the config holds the knobs only.
-    Each field's fate is in :data:`STAGE_FIELDS`; a value Triton cannot express raises
+    Each field's fate is in :data:`TRITON_FIELDS`; a value Triton cannot express raises
     :class:`~infergraph_lite.core.stage.UnsupportedStageFieldError` naming the stage and the field.
 
     >>> config = config_from_stage("topic", Stage(fn=list, max_batch_size=16, max_wait=0.002, replicas=2,
@@ -84,14 +84,14 @@ def config_from_stage(name: str, stage: Stage, *, inputs: Sequence[tuple[str, Te
     >>> config_from_stage("topic", Stage(fn=list, max_batch_size=None))
     Traceback (most recent call last):
     ...
-    infergraph_lite.core.stage.UnsupportedStageFieldError: triton cannot serve stage 'topic' with \
+    infergraph_lite.core.stage.UnsupportedStageFieldError: Triton cannot serve stage 'topic' with \
 max_batch_size=None: ...
     """
     if not isinstance(stage, Stage):
         raise TypeError(f"stage {name!r}: expected a Stage, got {type(stage).__name__}")
     for f in dataclasses.fields(stage):  # a field added to Stage (or a subclass) is refused until it is mapped
         value = getattr(stage, f.name)
-        if f.name not in STAGE_FIELDS and value != f.default:
+        if f.name not in TRITON_FIELDS and value != f.default:
             raise UnsupportedStageFieldError(ENGINE, name, f.name, value, "the Triton adapter does not map this field")
     if stage.fn is None:
         raise UnsupportedStageFieldError(ENGINE, name, "fn", None, "Triton serves a stage by running its batch "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infergraph_lite.core.stage import Stage, prepare_stages
+from infergraph_lite.core.stage import Stage, batch_item, prepare_stages
 from infergraph_lite.frameworks.triton.tensors import TensorType, tensor_type_of
 
 __all__ = ["infer_tensor_types", "run_stages_once"]
@@ -24,9 +24,8 @@ def run_stages_once(stages: Mapping[str, tuple[Stage, Sequence[str]]], inputs: M
     values = dict(inputs)
     for name in plan.order:
         stage, deps = plan.nodes[name]
-        args = tuple(values[d] for d in deps)
         assert stage.fn is not None  # prepare_stages(need="fn") saw to it
-        (values[name],) = stage.fn([args[0] if len(args) == 1 else args])
+        (values[name],) = stage.fn([batch_item([values[d] for d in deps])])
     return values
 
 
