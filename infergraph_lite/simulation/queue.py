@@ -14,7 +14,10 @@ is what makes a million requests take about a second.
 
 Introduced in notebook 04 (one server, FIFO) and notebook 05 (batching);
 :func:`simulate_graph` (notebook 06) serves a whole graph of stages, stage by
-stage, with the same core.
+stage, with the same core, and the autoscaler
+(:func:`~infergraph_lite.simulation.autoscale.simulate_autoscaling`) drives the
+same loop, :func:`batch_by_batch`, through a hook that may change the number of
+servers before each batch.
 """
 
 from __future__ import annotations
