@@ -49,7 +49,8 @@ class StepTimeModel:
     """``step_time(prefill_tokens, decode_seqs, kv_tokens) = a + b*decode_seqs + c*prefill_tokens + d*kv_tokens``.
 
     Seconds per step.  ``kv_tokens`` is the context the step's sequences hold in the KV cache, summed over
-    them.  ``rmse`` is the fit's root-mean-square error over the samples it was fitted to (seconds).
+    them.  ``rmse`` is the fit's root-mean-square error over the samples it was fitted to (seconds), and
+    ``worst_relative_error`` its largest |predicted - measured| / measured there.
 
     >>> model = StepTimeModel(a=0.002, b=0.001, c=0.0001, d=0.0)
     >>> round(model(prefill_tokens=0, decode_seqs=4, kv_tokens=400), 6)
@@ -63,6 +64,7 @@ class StepTimeModel:
     c: float
     d: float = 0.0
     rmse: float = math.nan
+    worst_relative_error: float = math.nan
     n_samples: int = 0
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
@@ -76,16 +78,20 @@ class StepTimeModel:
     def __str__(self) -> str:
         return (f"step = {1e3 * self.a:.3f} ms + {1e3 * self.b:.3f} ms x decode_seqs + "
                 f"{1e3 * self.c:.4f} ms x prefill_tokens + {1e3 * self.d:.5f} ms x kv_tokens "
-                f"(rmse {1e3 * self.rmse:.3f} ms, {self.n_samples} samples)")
+                f"(rmse {1e3 * self.rmse:.3f} ms, worst {100 * self.worst_relative_error:.0f} %, "
+                f"{self.n_samples} samples)")
 
 
-def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True) -> StepTimeModel:
+def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True
+                  ) -> StepTimeModel:
     """Least-squares fit of ``a + b*decode_seqs + c*prefill_tokens (+ d*kv_tokens)`` to measured steps.
 
     ``samples`` are :class:`StepSample` or rows ``(prefill_tokens, decode_seqs, kv_tokens, seconds)``.
     ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes out negative (noise,
     or a term the samples do not vary) is held at 0 and the rest refitted, so the model never predicts
-    that more work takes less time.
+    that more work takes less time.  ``relative=True`` (default) minimises the squared *relative* error, so a
+    2 ms step is fitted as closely as a 200 ms one (plain least squares lets the long prefill steps decide,
+    and a one-sequence server's every step would be mispredicted by the misfit at small batches).
 
     >>> rows = [(0, s, s * n, 0.002 + 0.001 * s + 1e-6 * s * n) for s in (1, 2, 4, 8) for n in (10, 200)]
     >>> rows += [(p, 0, p, 0.002 + 5e-5 * p + 1e-6 * p) for p in (16, 64, 256)]
@@ -107,9 +113,10 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     active = ["a", "b", "c", "d"] if kv else ["a", "b", "c"]
     active = [k for k in active if k == "a" or np.ptp(columns[k]) > 0 or columns[k].any()]
     coef: dict[str, float] = {}
+    weight = 1.0 / np.maximum(seconds, 1e-9) if relative else np.ones(len(rows))
     while active:
-        x = np.column_stack([columns[k] for k in active])
-        solution, *_ = np.linalg.lstsq(x, seconds, rcond=None)
+        x = np.column_stack([columns[k] for k in active]) * weight[:, None]
+        solution, *_ = np.linalg.lstsq(x, seconds * weight, rcond=None)
         coef = dict(zip(active, solution.tolist(), strict=True))
         negative = [k for k in active if coef[k] < 0]
         if not negative:
@@ -118,7 +125,8 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     full = {k: coef.get(k, 0.0) for k in ("a", "b", "c", "d")}
     predicted = full["a"] + full["b"] * seqs + full["c"] * prefill + full["d"] * kv_tokens
     rmse = float(np.sqrt(np.mean((predicted - seconds) ** 2)))
-    return StepTimeModel(**full, rmse=rmse, n_samples=len(rows))
+    worst = float(np.max(np.abs(predicted - seconds) / np.maximum(seconds, 1e-9)))
+    return StepTimeModel(**full, rmse=rmse, worst_relative_error=worst, n_samples=len(rows))
 
 
 @dataclass(frozen=True)
