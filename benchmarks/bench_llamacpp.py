@@ -19,9 +19,7 @@ every process it started, and that none is left at the end.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import threading
 import time
 from typing import Any
 
@@ -32,6 +30,7 @@ from _timing import machine, table, verdict
 from infergraph_lite.frameworks.llamacpp import (
     Completion,
     LlamaCppServer,
+    SlotMonitor,
     describe,
     prompt_of,
     tokens_per_decode,
@@ -47,24 +46,13 @@ SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def peak_busy(server: LlamaCppServer, stop: threading.Event, out: list[int]) -> None:
-    while not stop.is_set():
-        with contextlib.suppress(OSError):
-            out.append(server.busy_slots())
-        stop.wait(0.02)
-
-
 def one_run(server: LlamaCppServer, args: argparse.Namespace) -> dict[str, float]:
     before = server.metrics()
-    stop, busy = threading.Event(), [0]
-    poller = threading.Thread(target=peak_busy, args=(server, stop, busy), daemon=True)
-    poller.start()
-    with server.client(n_predict=args.tokens, max_in_flight=args.clients, timeout=300) as client:
+    with server.client(n_predict=args.tokens, max_in_flight=args.clients, timeout=300) as client, \
+            SlotMonitor(client) as monitor:
         report = run_closed_loop(client, n_clients=args.clients, n_requests=args.requests,
                                  make_item=lambda i: prompt_of(args.prompt))
         done: list[Completion] = list(client.completions)
-    stop.set()
-    poller.join()
     after = server.metrics()
     if report.failed or len(done) != args.requests or any(c.n_tokens != args.tokens for c in done):
         raise RuntimeError(f"{server}: {report.failed} failed, {len(done)} answered")
@@ -74,7 +62,7 @@ def one_run(server: LlamaCppServer, args: argparse.Namespace) -> dict[str, float
             "e2e_p50": float(np.median(e2e)), "e2e_p99": float(np.percentile(e2e, 99)),
             "ttft_p50": float(np.median(ttft)), "ttft_p99": float(np.percentile(ttft, 99)),
             "gap_mean": float(np.mean(np.concatenate([c.gaps for c in done]))),
-            "tokens_per_decode": tokens_per_decode(before, after), "peak_busy": float(max(busy))}
+            "tokens_per_decode": tokens_per_decode(before, after), "peak_busy": float(monitor.peak)}
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from infergraph_lite.frameworks.llamacpp import (
     ModelLoadError,
     ModelMissingError,
     PortTakenError,
+    SlotMonitor,
     fit_step_time,
     parse_prometheus,
     prompt_of,
@@ -132,6 +133,18 @@ def test_a_server_nobody_closes_is_stopped_when_collected(model):
     del server
     gc.collect()
     assert not psutil.pid_exists(pid) and own_processes() <= before
+
+
+def test_a_server_left_open_is_stopped_when_python_exits(model):
+    code = textwrap.dedent(f"""
+        from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+        s = LlamaCppServer({str(model.path)!r}, threads=1)
+        print(s.pid, flush=True)
+    """)     # no close(): the interpreter's exit must stop it
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    child = int(result.stdout.split()[0])
+    assert result.returncode == 0, result.stderr
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 def test_the_server_ends_when_its_parent_dies_without_cleaning_up(model):
@@ -262,10 +275,11 @@ def test_a_prompt_longer_than_a_slot_is_an_error_naming_the_context(server8):
 
 def test_concurrent_requests_on_8_slots_are_batched(server8):
     before = server8.metrics()
-    with server8.client(n_predict=N_PREDICT, max_in_flight=8) as client:
+    with server8.client(n_predict=N_PREDICT, max_in_flight=8) as client, SlotMonitor(client) as monitor:
         report = run_closed_loop(client, n_clients=8, n_requests=16, make_item=lambda i: prompt_of(4 + i % 3))
         done = list(client.completions)
     after = server8.metrics()
+    assert monitor.peak >= 2, f"/slots never showed two slots busy at once: {monitor.busy}"
     assert report.failed == 0 and len(report.latencies) == 16
     assert all(c.n_tokens == N_PREDICT for c in done)
     per_call = tokens_per_decode(before, after)
@@ -275,10 +289,10 @@ def test_concurrent_requests_on_8_slots_are_batched(server8):
 
 def test_one_slot_serves_one_request_at_a_time(server1):
     before = server1.metrics()
-    with server1.client(n_predict=N_PREDICT, max_in_flight=4) as client:
+    with server1.client(n_predict=N_PREDICT, max_in_flight=4) as client, SlotMonitor(client) as monitor:
         report = run_open_loop(client, [0.0] * 4, make_item=lambda i: prompt_of(5))
     after = server1.metrics()
-    assert report.failed == 0
+    assert report.failed == 0 and monitor.peak == 1
     assert tokens_per_decode(before, after) == pytest.approx(1.0), "one slot: one token per decode call"
     assert len(server1.slots()) == 1
 

@@ -17,6 +17,7 @@ from infergraph_lite.frameworks.llamacpp_client import (
     CompletionRequest,
     LlamaCppClient,
     RequestError,
+    SlotMonitor,
     counter_delta,
     parse_prometheus,
     tokens_per_decode,
@@ -47,7 +48,7 @@ from infergraph_lite.frameworks.llamacpp_server import (
 )
 
 __all__ = ["BadParameterError", "Completion", "CompletionRequest", "LlamaCppClient", "LlamaCppServer", "ModelInfo",
-           "ModelLoadError", "ModelMissingError", "PortTakenError", "RequestError", "ServerStartError", "StepSample",
-           "StepTimeModel", "StepTimeProfile", "cache_dir", "check_server_parameters", "counter_delta", "describe",
-           "fit_step_time", "parse_prometheus", "profile_step_time", "prompt_of", "tokens_per_decode",
+           "ModelLoadError", "ModelMissingError", "PortTakenError", "RequestError", "ServerStartError", "SlotMonitor",
+           "StepSample", "StepTimeModel", "StepTimeProfile", "cache_dir", "check_server_parameters", "counter_delta",
+           "describe", "fit_step_time", "parse_prometheus", "profile_step_time", "prompt_of", "tokens_per_decode",
            "trained_context_length", "write_tiny_llama"]

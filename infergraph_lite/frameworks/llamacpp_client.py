@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Completion", "CompletionRequest", "LlamaCppClient", "RequestError", "counter_delta", "parse_prometheus",
-           "tokens_per_decode"]
+__all__ = ["Completion", "CompletionRequest", "LlamaCppClient", "RequestError", "SlotMonitor", "counter_delta",
+           "parse_prometheus", "tokens_per_decode"]
 
 
 class RequestError(RuntimeError):
@@ -55,7 +55,8 @@ class Completion:
 
     ``token_times`` are seconds from sending the request to each token's arrival, one per generated
     token.  ``prompt_tokens`` is what the server evaluated (the prompt plus its ``<s>``); ``server_timings``
-    is llama.cpp's own ``timings`` record (``prompt_ms``, ``predicted_per_token_ms``, ...).
+    is llama.cpp's own ``timings`` record (``prompt_ms``, ``predicted_per_token_ms``, ...); ``slot`` the slot
+    that served it.
     """
 
     text: str
@@ -66,6 +67,12 @@ class Completion:
     stop_type: str = "limit"
     slot: int = -1
     server_timings: Mapping[str, float] = field(default_factory=dict)
+    sent_at: float = math.nan       # time.perf_counter() when the request was sent
+
+    @property
+    def done_at(self) -> float:
+        """``time.perf_counter()`` when the last token arrived (``sent_at + e2e``)."""
+        return self.sent_at + self.e2e
 
     @property
     def ttft(self) -> float:
@@ -236,7 +243,8 @@ class LlamaCppClient:
             raise RequestError(f"the server reported {n_tokens} tokens but streamed {len(times)}")
         done = Completion(text="".join(pieces), n_tokens=n_tokens, prompt_tokens=int(final.get("tokens_evaluated", 0)),
                           token_times=np.asarray(times), e2e=e2e, stop_type=str(final.get("stop_type", "")),
-                          slot=int(final.get("id_slot", -1)), server_timings=dict(final.get("timings", {})))
+                          slot=int(final.get("id_slot", -1)), server_timings=dict(final.get("timings", {})),
+                          sent_at=start)
         with self._lock:
             self.completions.append(done)
         return done
@@ -296,3 +304,59 @@ class LlamaCppClient:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class SlotMonitor:
+    """Samples ``/slots`` in a thread while a block runs: how many slots were busy, and when.
+
+    ``times`` (seconds since the monitor started) and ``busy`` (slots processing then) are the samples;
+    ``peak`` is the most slots seen busy at once.  ``source`` is anything with ``busy_slots()`` (a
+    :class:`LlamaCppClient` or a ``LlamaCppServer``).  The thread samples every ``interval`` seconds and stops
+    when the block ends, at the latest after ``max_seconds``.
+
+    >>> class Fake:
+    ...     def busy_slots(self):
+    ...         return 3
+    >>> with SlotMonitor(Fake(), interval=0.01) as monitor:
+    ...     time.sleep(0.05)
+    >>> monitor.peak, len(monitor.busy) == len(monitor.times) > 0
+    (3, True)
+    """
+
+    def __init__(self, source: Any, *, interval: float = 0.02, max_seconds: float = 600.0) -> None:
+        if not callable(getattr(source, "busy_slots", None)):
+            raise TypeError(f"source must have busy_slots() (a LlamaCppClient or LlamaCppServer), got {source!r}")
+        if not interval > 0 or not max_seconds > 0:
+            raise ValueError(f"interval and max_seconds must be > 0 seconds, got {interval!r}, {max_seconds!r}")
+        self.source = source
+        self.interval = float(interval)
+        self.max_seconds = float(max_seconds)
+        self.times: list[float] = []
+        self.busy: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llamacpp-slots", daemon=True)
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        while not self._stop.is_set() and time.perf_counter() - start < self.max_seconds:
+            try:
+                busy = int(self.source.busy_slots())
+            except (OSError, RequestError, RuntimeError):
+                busy = -1           # the server did not answer this once; not a sample
+            if busy >= 0:
+                self.times.append(time.perf_counter() - start)
+                self.busy.append(busy)
+            self._stop.wait(self.interval)
+
+    @property
+    def peak(self) -> int:
+        return max(self.busy, default=0)
+
+    def __enter__(self) -> SlotMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10.0)
