@@ -271,6 +271,8 @@ def test_a_prompt_longer_than_a_slot_is_an_error_naming_the_context(server8):
     with server8.client() as client, pytest.raises(RequestError, match="context") as caught:
         client.complete(prompt_of(400))             # a slot holds 2048 / 8 = 256
     assert caught.value.status == 400
+    with server8.client() as client, pytest.raises(RequestError, match="n_predict=100 tokens, got 56"):
+        client.complete(CompletionRequest(prompt_of(200), 100))     # 200 + 100 > 256: llama.cpp stops early
 
 
 def test_concurrent_requests_on_8_slots_are_batched(server8):

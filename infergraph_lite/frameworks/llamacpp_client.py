@@ -241,6 +241,11 @@ class LlamaCppClient:
         n_tokens = int(final.get("tokens_predicted", len(times)))
         if n_tokens != len(times):
             raise RequestError(f"the server reported {n_tokens} tokens but streamed {len(times)}")
+        if n_tokens < n_predict:
+            # llama.cpp stops a sequence whose slot is full and calls it done; say so instead of short-counting.
+            raise RequestError(f"asked for n_predict={n_predict} tokens, got {n_tokens}: the prompt "
+                               f"({final.get('tokens_evaluated', '?')} tokens) plus the output did not fit the slot's "
+                               "context (n_ctx / n_parallel KV cells)", 0)
         done = Completion(text="".join(pieces), n_tokens=n_tokens, prompt_tokens=int(final.get("tokens_evaluated", 0)),
                           token_times=np.asarray(times), e2e=e2e, stop_type=str(final.get("stop_type", "")),
                           slot=int(final.get("id_slot", -1)), server_timings=dict(final.get("timings", {})),

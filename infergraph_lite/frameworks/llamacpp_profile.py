@@ -17,8 +17,9 @@ squares (numpy only; a coefficient the data would make negative is held at 0), a
 from __future__ import annotations
 
 import math
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,8 @@ class StepTimeProfile:
 
     ``decode`` maps a concurrency ``c`` to the median inter-token gap (seconds) at ``c`` sequences;
     ``prefill`` maps a prompt length to the median time to first token of a request alone (seconds).
+    ``load_average`` is the machine's 1-minute load average before and after: a profile taken on a busy
+    machine predicts a busy machine, so measure what it is checked against under the same conditions.
     """
 
     model: StepTimeModel
@@ -142,9 +145,17 @@ class StepTimeProfile:
     decode: dict[int, float] = field(default_factory=dict)
     prefill: dict[int, float] = field(default_factory=dict)
     elapsed: float = 0.0
+    load_average: tuple[float, float] = (math.nan, math.nan)    # 1-minute load average before and after
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
         return self.model(prefill_tokens, decode_seqs, kv_tokens)
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:          # not available on this platform
+        return math.nan
 
 
 def _together(client: LlamaCppClient, requests: list[CompletionRequest], timeout: float) -> list[Completion]:
@@ -166,8 +177,7 @@ def _check_counts(name: str, values: Sequence[int], upper: int | None = None) ->
 
 def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None, prompt_tokens: int = 8,
                       n_predict: int = 32, prefill_lengths: Sequence[int] = (8, 64, 192), repeats: int = 3,
-                      kv: bool = True, timeout: float = 120.0,
-                      make_client: Callable[..., LlamaCppClient] | None = None) -> StepTimeProfile:
+                      kv: bool = True, timeout: float = 120.0) -> StepTimeProfile:
     """Measure llama.cpp's step time against what a step holds, and fit :func:`fit_step_time` to it.
 
     ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (its ``client()`` is
@@ -198,8 +208,9 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     if isinstance(server, LlamaCppClient):
         client, own = server, False
     else:
-        client, own = (make_client or server.client)(max_in_flight=max(concurrencies), timeout=timeout), True
+        client, own = server.client(max_in_flight=max(concurrencies), timeout=timeout), True
     start = time.perf_counter()
+    load_before = _load_average()
     samples: list[StepSample] = []
     decode: dict[int, float] = {}
     prefill: dict[int, float] = {}
@@ -228,4 +239,5 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
         if own:
             client.close()
     return StepTimeProfile(model=fit_step_time(samples, kv=kv), samples=tuple(samples), decode=decode,
-                           prefill=prefill, elapsed=time.perf_counter() - start)
+                           prefill=prefill, elapsed=time.perf_counter() - start,
+                           load_average=(load_before, _load_average()))
