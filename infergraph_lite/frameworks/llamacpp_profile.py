@@ -216,24 +216,29 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     prefill: dict[int, float] = {}
     try:
         client.complete(CompletionRequest(prompt_of(prompt_tokens), 4))      # warm-up: caches, threads
-        for c in concurrencies:
-            gaps_by_step: list[list[float]] = [[] for _ in range(n_predict - 1)]
-            for _ in range(repeats):
+        # Repeats outermost: each round measures every concurrency and prompt length once, so a change in the
+        # machine's load during the profile moves all of them alike instead of one.
+        gaps_by_step: dict[int, list[list[float]]] = {c: [[] for _ in range(n_predict - 1)] for c in concurrencies}
+        ttfts: dict[int, list[float]] = {p: [] for p in prefill_lengths}
+        for _ in range(repeats):
+            for c in concurrencies:
                 done = _together(client, [CompletionRequest(prompt_of(prompt_tokens), n_predict)] * c, timeout)
                 for completion in done:
                     for j, gap in enumerate(completion.gaps.tolist()):
-                        gaps_by_step[j].append(gap)
+                        gaps_by_step[c][j].append(gap)
+            for p in prefill_lengths:
+                ttfts[p].append(client.complete(CompletionRequest(prompt_of(p), 1)).ttft)
+        for c in concurrencies:
             # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
             # step of c sequences, each holding prompt + j + 1 tokens.  Four samples per c (medians over runs
             # of gaps), so that decode steps do not outweigh the few prefill samples in the fit.
             for steps in np.array_split(np.arange(1, n_predict - 1), min(4, n_predict - 2)):
-                gaps = [g for j in steps.tolist() for g in gaps_by_step[j]]
+                gaps = [g for j in steps.tolist() for g in gaps_by_step[c][j]]
                 context = prompt_tokens + 1 + float(np.mean(steps))
                 samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode"))
-            decode[c] = float(np.median([g for row in gaps_by_step[1:] for g in row]))
+            decode[c] = float(np.median([g for row in gaps_by_step[c][1:] for g in row]))
         for p in prefill_lengths:
-            ttfts = [client.complete(CompletionRequest(prompt_of(p), 1)).ttft for _ in range(repeats)]
-            prefill[p] = float(np.median(ttfts))
+            prefill[p] = float(np.median(ttfts[p]))
             samples.append(StepSample(p, 0, p, prefill[p], "prefill"))
     finally:
         if own:
