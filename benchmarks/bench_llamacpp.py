@@ -126,8 +126,8 @@ def main() -> None:
     print(f"\nload average after {os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[1]:.1f} (5 min); "
           f"wall {time.perf_counter() - started:.0f} s")
     targets: list[list[Any]] = [
-        ["throughput 8 slots / 1 slot (tokens/s, median of rounds)", ratio["tok_s"], ">= 1.3",
-         verdict(ratio["tok_s"], 1.3, "higher")],
+        # No target of the issue's: recorded.  The recipe measured 1.9x on the 28M model on a quieter machine.
+        ["throughput 8 slots / 1 slot (tokens/s, median of rounds)", ratio["tok_s"], "(recorded)", "-"],
         ["p50 e2e 8 slots / 1 slot", ratio["e2e_p50"], "(recorded)", "-"],
         ["p99 e2e 8 slots / 1 slot", ratio["e2e_p99"], "(recorded)", "-"],
         ["p50 TTFT 8 slots / 1 slot", ratio["ttft_p50"], "(recorded)", "-"],
