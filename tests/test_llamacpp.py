@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import psutil
@@ -31,6 +32,8 @@ from infergraph_lite.frameworks.llamacpp import (
     ModelLoadError,
     ModelMissingError,
     PortTakenError,
+    RequestError,
+    ServerStartError,
     SlotMonitor,
     fit_step_time,
     parse_prometheus,
@@ -171,6 +174,30 @@ def test_the_server_ends_when_its_parent_dies_without_cleaning_up(model):
         assert not alive, "the orphaned server kept running"
 
 
+def test_a_ctrl_c_while_stopping_still_kills_the_server(model, monkeypatch):
+    server = LlamaCppServer(model, threads=1)
+    pid = server.pid
+
+    def interrupted(pids, timeout=10.0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llamacpp_server, "stop_processes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_that_dies_mid_stream_fails_the_request_instead_of_hanging(model):
+    server = LlamaCppServer(model, threads=1)
+    with server.client(n_predict=2000, timeout=60) as client:
+        future = client.submit(CompletionRequest(prompt_of(4), 240))
+        while server.busy_slots() == 0 and not future.done():
+            time.sleep(0.005)
+        server.close()
+        with pytest.raises(RequestError):
+            future.result(timeout=60)
+
+
 # --- named start-up errors --------------------------------------------------------------------------------------
 
 
@@ -197,6 +224,13 @@ def test_a_model_llama_cpp_cannot_load_is_named_from_its_log(model, tmp_path, mo
     before = own_processes()
     with pytest.raises(ModelLoadError, match="could not load the model"):
         LlamaCppServer(broken, threads=1)
+    assert own_processes() <= before
+
+
+def test_start_up_is_bounded_by_ready_timeout_and_leaves_nothing(model):
+    before = own_processes()
+    with pytest.raises(ServerStartError, match="ready_timeout"):
+        LlamaCppServer(model, ready_timeout=0.05, threads=1)     # Python alone takes longer to start
     assert own_processes() <= before
 
 
@@ -266,8 +300,7 @@ def test_bad_requests_are_refused_before_sending(server8):
 
 
 def test_a_prompt_longer_than_a_slot_is_an_error_naming_the_context(server8):
-    from infergraph_lite.frameworks.llamacpp import RequestError
-
+    assert server8.slot_ctx == 256
     with server8.client() as client, pytest.raises(RequestError, match="context") as caught:
         client.complete(prompt_of(400))             # a slot holds 2048 / 8 = 256
     assert caught.value.status == 400

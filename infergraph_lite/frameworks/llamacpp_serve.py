@@ -3,7 +3,8 @@
 ``python -m infergraph_lite.frameworks.llamacpp_serve '{"model": ..., "n_parallel": ...}'`` starts
 llama.cpp's own C++ HTTP server, embedded by the ``xllamacpp`` wheel, on 127.0.0.1, prints one line
 ``READY <address> <startup seconds>`` on stdout, and serves until SIGTERM, SIGINT, or its stdin closes
-(the parent holds the other end, so a parent that dies takes this process with it).  On a start-up failure
+(the parent holds the other end, so a parent that dies takes this process with it); requests still
+streaming then are cut off after ``SHUTDOWN_GRACE`` seconds.  On a start-up failure
 it prints ``FAILED <reason>`` and exits with status 3; the parent reads llama.cpp's log to name the cause.
 Not meant to be run by hand; ``xllamacpp`` is imported here and nowhere else.
 """
@@ -18,6 +19,7 @@ import time
 from typing import Any
 
 FAILED_STATUS = 3
+SHUTDOWN_GRACE = 2      # seconds (a whole number: signal.alarm)
 
 
 def _params(config: dict[str, Any]) -> Any:
@@ -68,7 +70,15 @@ def main(argv: list[str]) -> int:
     print(f"READY {server.listening_address} {time.perf_counter() - start:.3f}", flush=True)
     while not stop.wait(0.2):
         pass
-    del server                      # joins llama.cpp's main loop and HTTP threads
+    # Dropping the server joins llama.cpp's main loop and HTTP threads.  An HTTP thread still streaming to a
+    # client waits (30 s) for tokens that no longer come, and the destructor holds the GIL meanwhile, so no
+    # Python thread could time it out: an OS alarm ends the process after SHUTDOWN_GRACE seconds instead.
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(SHUTDOWN_GRACE)
+    del server
+    if hasattr(signal, "SIGALRM"):
+        signal.alarm(0)
     return 0
 
 

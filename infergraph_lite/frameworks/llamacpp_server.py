@@ -213,6 +213,11 @@ class LlamaCppServer:
         return None if self._proc is None else self._proc.pid
 
     @property
+    def slot_ctx(self) -> int:
+        """KV cells each slot holds (``n_ctx / n_parallel``): the most prompt + output one request can have."""
+        return self.n_ctx // self.n_parallel
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
@@ -305,8 +310,8 @@ class LlamaCppServer:
             self._finalizer.detach()
         if self._proc is not None:
             _stop(self._proc, timeout)
-        if self._own_log and self.log_path is not None and self._proc is not None and self._proc.returncode == 0:
-            self.log_path.unlink(missing_ok=True)    # keep the log of a server that failed, for the error
+        if self._own_log and self.log_path is not None and self.url:
+            self.log_path.unlink(missing_ok=True)    # keep the log of a server that failed to start, for the error
 
     def __enter__(self) -> LlamaCppServer:
         return self
