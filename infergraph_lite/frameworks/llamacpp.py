@@ -5,7 +5,8 @@
 - :mod:`~infergraph_lite.frameworks.llamacpp_server`: :class:`LlamaCppServer`, llama.cpp's C++ server (the
   ``xllamacpp`` wheel) in its own process on 127.0.0.1, stopped by its PID, with named start-up errors;
 - :mod:`~infergraph_lite.frameworks.llamacpp_client`: :class:`LlamaCppClient`, streaming requests with
-  futures (TTFT, inter-token gaps, e2e per request) and the server's ``/metrics`` and ``/slots``;
+  futures (TTFT, inter-token gaps, e2e per request), the server's ``/metrics`` and ``/slots``, and
+  :class:`SlotMonitor` (busy slots over time);
 - :mod:`~infergraph_lite.frameworks.llamacpp_profile`: :func:`profile_step_time` measures a step's time against
   what it holds and fits the callable the LLM simulator takes.
 
