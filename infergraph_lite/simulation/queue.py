@@ -156,7 +156,7 @@ def arrival_times(
     # The simulators' arrivals: Poisson at arrival_rate (seeded), or a given trace and its mean rate.
     if arrivals is None:
         rate = check_number("arrival_rate", arrival_rate)
-        n_requests = check_int("n_requests", n_requests, minimum=2)  # type: ignore[assignment]
+        n_requests = check_int("n_requests", n_requests, minimum=2)
         return np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum(), rate
     times = check_arrivals(arrivals)
     return times, (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
