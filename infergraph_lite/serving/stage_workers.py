@@ -45,7 +45,7 @@ from typing import Any
 
 from infergraph_lite.serving.processes import stop_processes
 
-__all__ = ["RemoteError", "StageWorkers", "WorkerDiedError", "check_picklable"]
+__all__ = ["RemoteError", "StageWorkers", "WorkerDiedError", "check_picklable", "cores_available"]
 
 _STOP = None  # the message that tells a worker to exit
 # A worker's whole start: two pipe ends from argv, the parent's sys.path, then the loop below.
@@ -97,6 +97,30 @@ def check_picklable(stage: str, fn: Callable[..., Any]) -> bytes:
                          "defined at the top level of an importable module (or a functools.partial of one), or "
                          "workers='threads'")
     return data
+
+
+_PROBE = ("import time\nwall, cpu = time.perf_counter(), time.process_time()\n"
+          "while time.perf_counter() - wall < {seconds}:\n    pass\n"
+          "print((time.process_time() - cpu) / (time.perf_counter() - wall))\n")
+
+
+def cores_available(processes: int = 2, seconds: float = 0.3) -> float:
+    """How many cores ``processes`` busy-looping Python processes get together right now (at most ``processes``).
+
+    On an idle machine with enough cores it is ``processes``; on a shared one less.  It is what a graph of
+    that many CPU-bound worker processes can use, so it says what to expect of ``workers="processes"``
+    before measuring it.  Each probe is a bare interpreter (no imports), stopped by its own exit.
+
+    >>> 0.0 < cores_available(processes=1, seconds=0.05) <= 1.05
+    True
+    """
+    probes = [subprocess.Popen([sys.executable, "-c", _PROBE.format(seconds=seconds)], stdout=subprocess.PIPE,
+                               stdin=subprocess.DEVNULL, text=True) for _ in range(processes)]
+    shares = []
+    for probe in probes:
+        out, _ = probe.communicate(timeout=60 + 10 * seconds)
+        shares.append(float(out))
+    return float(sum(shares))
 
 
 def _worker_main(inbox: Connection, outbox: Connection) -> None:
