@@ -191,7 +191,7 @@ class StageWorkers:
         self._start_timeout = start_timeout
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         self._closing = False
         self._failed: WorkerDiedError | None = None
         self.replaced: list[int] = []  # PIDs of workers that died and were replaced
@@ -200,9 +200,12 @@ class StageWorkers:
 
     def launch(self) -> list[_Worker]:
         """Start the worker processes without waiting for them (:meth:`wait_ready` waits)."""
-        started = [self._spawn() for _ in range(self.replicas)]
-        with self._lock:
-            self._workers.extend(started)
+        started = []
+        for _ in range(self.replicas):
+            worker = self._spawn()
+            with self._lock:  # at once, so that close() stops it even if a later one fails to start
+                self._workers.append(worker)
+            started.append(worker)
         return started
 
     def wait_ready(self, workers: Sequence[_Worker] | None = None) -> None:
@@ -231,8 +234,8 @@ class StageWorkers:
         if self._failed is not None:
             raise self._failed
         worker = self._idle.get()
-        if worker is None:  # close() wakes waiting callers with None
-            raise RuntimeError(f"stage {self.stage!r}: the workers are closed")
+        if worker is None:  # close(), or a stage marked failed, wakes waiting callers with None
+            raise self._failed or RuntimeError(f"stage {self.stage!r}: the workers are closed")
         try:
             worker.send.send(batch)
             status, value = worker.conn.recv()  # returns, or raises EOFError once the worker has died
@@ -269,7 +272,7 @@ class StageWorkers:
             worker.exitcode(1.0)  # reap it (stop_processes may have already)
             worker.send.close()
             worker.conn.close()
-            self._idle.put(None)  # type: ignore[arg-type] - wakes a thread waiting for an idle worker
+            self._idle.put(None)  # wakes a thread waiting for an idle worker
         return stuck
 
     def __enter__(self) -> StageWorkers:
@@ -291,8 +294,14 @@ class StageWorkers:
         os.close(to_child_r)  # the parent keeps only its ends: the worker's dying closes `conn`
         os.close(from_child_w)
         worker = _Worker(process, Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
-        worker.send.send([p for p in sys.path if isinstance(p, str)])
-        worker.send.send(self._fn_bytes)
+        try:
+            worker.send.send([p for p in sys.path if isinstance(p, str)])
+            worker.send.send(self._fn_bytes)
+        except BaseException:
+            stop_processes([worker.pid], timeout=0.0)  # it died at once, or we were interrupted: leave nothing
+            worker.send.close()
+            worker.conn.close()
+            raise
         return worker
 
     def _handshake(self, worker: _Worker, deadline: float) -> None:
@@ -324,6 +333,6 @@ class StageWorkers:
             self._failed = WorkerDiedError(self.stage, dead.pid, dead.process.returncode,
                                            f"died and its replacement failed to start ({exc}); the stage is failed")
             for _ in range(self.replicas):
-                self._idle.put(None)  # type: ignore[arg-type]
+                self._idle.put(None)
             return
         self._idle.put(fresh)
