@@ -208,8 +208,8 @@ def simulate_llm(
                        max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
                        prefill_first=bool(prefill_first), static=scheduling == "static")
-    engine.run(step)
-    return _result(engine, times, output, num_blocks, block_size, int(warmup * n))
+    engine.run(step, None if callable(step_time) else float(step_time))
+    return _result(engine, times, num_blocks, block_size, int(warmup * n))
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -250,17 +250,13 @@ def _step_time(step_time: StepTime) -> Callable[[int, int, int], float]:
     return lambda prefill, decode, kv: seconds
 
 
-def _result(e: LLMEngine, times: np.ndarray, output: np.ndarray, num_blocks: float, block_size: int,
-            skip: int) -> LLMResult:
+def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int) -> LLMResult:
     first = np.array(e.first_token)
     finish = np.array(e.finish_time)
     generated = np.array(e.generated)
-    max_tbt = _max_token_gaps(e, len(times))
-    end = np.array(e.step_end)
-    kv_tokens = np.array(e.step_kv_tokens, dtype=float)
-    kv_slots = np.array(e.step_kv_slots, dtype=float)
-    durations = end - np.array(e.step_begin)
-    slots_time = float(np.sum(durations * kv_slots))
+    end, dt, prefill, decode, kv_tokens, kv_blocks = _steps(e)
+    max_tbt = _max_token_gaps(e, end[decode > 0])
+    slots_time = float(np.sum(dt * kv_blocks)) * block_size
     makespan = float(finish.max() - times.min())
     window = float(finish[skip:].max() - times[skip])
     return LLMResult(
@@ -268,23 +264,48 @@ def _result(e: LLMEngine, times: np.ndarray, output: np.ndarray, num_blocks: flo
         throughput=float(generated[skip:].sum() / window) if window > 0 else math.inf,
         request_throughput=float((len(times) - skip) / window) if window > 0 else math.inf,
         makespan=makespan, preemptions=e.preemptions,
-        kv_utilization=float(np.sum(durations * kv_tokens) / slots_time) if slots_time > 0 else math.nan,
+        kv_utilization=float(np.sum(dt * kv_tokens) / slots_time) if slots_time > 0 else math.nan,
         kv_occupancy=(float(slots_time / (num_blocks * block_size * makespan))
                       if num_blocks != math.inf and makespan > 0 else math.nan),
-        warmup=skip, steps_end=end, steps_prefill_tokens=np.array(e.step_prefill),
-        steps_decode_seqs=np.array(e.step_decode), steps_kv_tokens=kv_tokens.astype(np.int64),
-        steps_kv_slots=kv_slots.astype(np.int64))
+        warmup=skip, steps_end=end, steps_prefill_tokens=prefill, steps_decode_seqs=decode,
+        steps_kv_tokens=kv_tokens, steps_kv_slots=kv_blocks * block_size)
 
 
-def _max_token_gaps(e: LLMEngine, n: int) -> np.ndarray:
+def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
+    # The engine's runs of identical steps, one entry per step: end, duration, prefill tokens, decoding
+    # sequences, KV tokens held and blocks allocated.
+    runs = np.array(e.runs, dtype=float).reshape(-1, 9)   # ints held exactly: all far below 2**53
+    k = runs[:, 3].astype(np.int64)
+    starts = np.cumsum(k) - k
+    offset = np.arange(int(k.sum())) - np.repeat(starts, k)     # the step's position in its run
+    dt = np.repeat(runs[:, 2], k)
+    end = np.repeat(runs[:, 1], k) + (offset + 1) * dt
+    prefill, decode, kv_tokens, blocks, pattern = (np.repeat(runs[:, c].astype(np.int64), k) for c in range(4, 9))
+    kv_tokens += offset * decode
+    if e.patterns:
+        # In a run of decodes, step m allocates needs[m % block_size] blocks; add them up within each run.
+        table = np.array(sorted(e.patterns, key=e.patterns.__getitem__), dtype=np.int64)
+        needs = np.zeros(len(offset), dtype=np.int64)
+        later = (pattern >= 0) & (offset > 0)
+        needs[later] = table[pattern[later], offset[later] % e.block_size]
+        total = np.cumsum(needs)
+        blocks += total - np.repeat(total[starts], k)
+    return end, dt, prefill, decode, kv_tokens, blocks
+
+
+def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray) -> np.ndarray:
     # Each segment: a token at `first` (a prefill's end), then one at each decode step from..to.  Its longest
     # gap is max(decode_end[from] - first, the longest decode-step-to-decode-step gap in from+1..to).
-    decode_end = np.array(e.decode_end)
     gaps = np.diff(decode_end)                     # gaps[k] = decode_end[k + 1] - decode_end[k]
-    req = np.array(e.seg_request, dtype=np.int64)
-    first = np.array(e.seg_first)
-    lo = np.array(e.seg_from, dtype=np.int64)
-    hi = np.array(e.seg_to, dtype=np.int64)
+    # A request never preempted while decoding has one segment: first token, then decode steps from its
+    # decode start to its last token; the engine records only the others' segments.
+    output = np.array(e.output, dtype=np.int64)
+    single = np.flatnonzero((np.array(e.version) == 0) & (output > 1))
+    start = np.array(e.decode_start, dtype=np.int64)[single]
+    req = np.concatenate([single, np.array(e.seg_request, dtype=np.int64)])
+    first = np.concatenate([np.array(e.first_token)[single], e.seg_first])
+    lo = np.concatenate([start, np.array(e.seg_from, dtype=np.int64)])
+    hi = np.concatenate([start + output[single] - 2, np.array(e.seg_to, dtype=np.int64)])
     has = hi >= lo
     seg_max = np.full(len(req), np.nan)
     seg_max[has] = decode_end[lo[has]] - first[has]
@@ -298,18 +319,12 @@ def _max_token_gaps(e: LLMEngine, n: int) -> np.ndarray:
 
 
 def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    # max(values[lo:hi]) for many ranges at once, with a sparse table (doubling windows).
-    table = [values]
-    width = 1
-    while 2 * width <= len(values):
-        prev = table[-1]
-        table.append(np.maximum(prev[:-width], prev[width:]))
-        width *= 2
-    length = hi - lo
-    level = np.floor(np.log2(length)).astype(np.int64)
+    # max(values[lo:hi]) for many non-empty ranges at once.  reduceat over the interleaved bounds reduces
+    # each [lo, hi) and, between them, [hi, next lo): sorted by lo, all of that adds up to about one pass.
+    order = np.argsort(lo, kind="stable")
+    bounds = np.empty(2 * len(lo), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = lo[order], hi[order]
+    padded = np.append(values, -np.inf)            # hi may be len(values)
     result = np.empty(len(lo))
-    for k in np.unique(level):
-        sel = level == k
-        row = table[k]
-        result[sel] = np.maximum(row[lo[sel]], row[hi[sel] - (1 << k)])
+    result[order] = np.maximum.reduceat(padded, bounds)[0::2]
     return result

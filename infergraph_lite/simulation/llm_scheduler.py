@@ -18,6 +18,7 @@ to it (it finishes, or is preempted).  Each step costs a few operations whatever
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -86,7 +87,7 @@ class LLMEngine:
 
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
-    >>> e.first_token, e.finish_time, e.n_steps
+    >>> e.first_token, e.finish_time, sum(run[3] for run in e.runs)
     ([1.0, 1.0], [3.0, 1.0], 3)
     """
 
@@ -123,21 +124,19 @@ class LLMEngine:
         self.first_token = [math.nan] * n
         self.finish_time = [math.nan] * n
         # Token-gap bookkeeping: each request's runs of tokens at consecutive decode steps ("segments").
-        self.decode_end: list[float] = []      # end time of each decode step
         self.seg_request: list[int] = []
         self.seg_first: list[float] = []       # the time of the segment's first token (a prefill's end)
         self.seg_from: list[int] = []          # its first and last decode step
         self.seg_to: list[int] = []
         self.open_first = [0.0] * n
         self.last_token = [math.nan] * n
-        self.max_gap = [math.nan] * n          # longest gap between segments
-        self.step_begin: list[float] = []
-        self.step_end: list[float] = []
-        self.step_prefill: list[int] = []
-        self.step_decode: list[int] = []
-        self.step_kv_tokens: list[int] = []
-        self.step_kv_slots: list[int] = []
-        self.n_steps = 0
+        self.max_gap = [math.nan] * n          # longest gap between segments (a preemption's)
+        # The steps, in runs of identical ones: per run (decode steps before it, its start, step duration,
+        # steps, prefill tokens and decoding sequences per step, KV tokens and blocks allocated after its first
+        # step, and for a run of several decode steps the index of its block-need pattern: the blocks step m
+        # of the run allocates are patterns[index][m % block_size]).
+        self.runs: list[tuple[int, float, float, int, int, int, int, int, int]] = []
+        self.patterns: dict[tuple[int, ...], int] = {}
 
     # -- what the policy asks ------------------------------------------------------------------------------
     def newest(self) -> int:
@@ -203,6 +202,8 @@ class LLMEngine:
             self.n_decoding -= 1
             self.version[i] += 1
             self._close_segment(i, self.decode_start[i], self.decodes - 1)
+            last = self.decodes - 1
+            self.last_token[i] = self.decode_time(last) if last >= self.decode_start[i] else self.open_first[i]
             self.generated[i] = gen
             self.num_tokens[i] = self.prompt[i] + gen
         else:
@@ -217,15 +218,25 @@ class LLMEngine:
         self.preemptions += 1
 
     # -- the loop ------------------------------------------------------------------------------------------
-    def run(self, step_time: Callable[[int, int, int], float]) -> None:
-        """Run steps until every request has all its tokens."""
-        n, arrival, now, done = len(self.prompt), self.arrival, 0.0, 0
-        while done < n:
+    def run(self, step_time: Callable[[int, int, int], float], constant: float | None = None) -> None:
+        """Run steps until every request has all its tokens; ``constant``: every step takes that long.
+
+        With a constant step time, a stretch of steps in which only decoding happens — nobody can join, nobody
+        finishes before its last step, no block runs short — is taken in one move (:meth:`_steady_steps`).
+        """
+        n, arrival, now = len(self.prompt), self.arrival, 0.0
+        self.done = 0
+        while self.done < n:
             if not self.running and not self.waiting:
                 now = max(now, arrival[self.next_arrival])      # idle: jump to the next arrival
             while self.next_arrival < n and arrival[self.next_arrival] <= now:
                 self.waiting.append(self.next_arrival)
                 self.next_arrival += 1
+            if constant is not None:
+                k = self._steady_steps(now, constant)
+                if k > 1:
+                    now = self._decode_run(now, constant, k)
+                    continue
             schedule_step(self)
             decode = self.n_decoding if self.decode_step else 0
             prefill = 0
@@ -234,39 +245,95 @@ class LLMEngine:
             if not (decode or prefill):
                 raise RuntimeError("the scheduler chose an empty step: no request can make progress")
             self.kv_tokens += prefill + decode
-            dt = step_time(prefill, decode, self.kv_tokens)
+            dt = constant if constant is not None else step_time(prefill, decode, self.kv_tokens)
             if not 0 < dt < math.inf:
                 raise ValueError(f"step_time must return a positive finite number of seconds, got {dt!r}")
-            self.step_begin.append(now)
+            self.runs.append((self.decodes, now, dt, 1, prefill, decode, self.kv_tokens, self.allocated_blocks, -1))
             now += dt
-            self.n_steps += 1
-            self.step_end.append(now)
-            self.step_prefill.append(prefill)
-            self.step_decode.append(decode)
-            self.step_kv_tokens.append(self.kv_tokens)
-            self.step_kv_slots.append(self.allocated_blocks * self.block_size)
             if decode:
-                self.decode_end.append(now)
-                step = self.decodes
                 self.decodes += 1
                 finishes = self.finishes
-                while finishes and finishes[0][0] == step:
-                    _, i, version = heapq.heappop(finishes)
-                    if version == self.version[i]:
-                        self._finish_decoding(i, now)
-                        done += 1
+                while finishes and finishes[0][0] < self.decodes:
+                    self._finish_decoding(heapq.heappop(finishes), now)
             for i, c in self.chunks:
                 self.computed[i] += c
                 if self.computed[i] == self.num_tokens[i]:
-                    done += self._prefilled(i, now)
+                    self._prefilled(i, now)
+
+    def _steady_steps(self, now: float, dt: float) -> int:
+        # How many decode-only steps from now on the scheduler would decide alike: every running sequence
+        # decodes, none can join before the last, none finishes before the last, no step runs short of blocks.
+        if self.prefilling or self.n_decoding != len(self.running) or not self.n_decoding:
+            return 0
+        joinable = not self.static and len(self.running) < self.max_num_seqs
+        if joinable and self.waiting:
+            return 0
+        finishes = self.finishes
+        while finishes[0][2] != self.version[finishes[0][1]]:
+            heapq.heappop(finishes)
+        k = finishes[0][0] - self.decodes + 1
+        if joinable and self.next_arrival < len(self.arrival):
+            # Steps start at now + j * dt; the first start at or after the next arrival lets it join.
+            a = self.arrival[self.next_arrival]
+            j = max(1, math.ceil((a - now) / dt))
+            while j > 1 and now + (j - 1) * dt >= a:
+                j -= 1
+            while now + j * dt < a:
+                j += 1
+            k = min(k, j)
+        if k > 1 and self.paged and self.free_blocks != math.inf:
+            k = min(k, self._steps_with_blocks(k))
+        return k
+
+    def _steps_with_blocks(self, k: int) -> int:
+        # Decode steps (up to k) the free blocks last: every decoding sequence needs one per block_size steps.
+        bs, free, n_dec = self.block_size, self.free_blocks, self.n_decoding
+        periods = int(free // n_dec)
+        if periods * bs >= k:
+            return k
+        steps, left = periods * bs, free - periods * n_dec
+        for m in range(bs):
+            need = self.by_phase[-(self.decodes + m) % bs]
+            if need > left:
+                break
+            left -= need
+            steps += 1
+        return min(steps, k)
+
+    def _decode_run(self, now: float, dt: float, k: int) -> float:
+        # k decode steps of the same sequences in one move; returns the time after the last.
+        first, n_dec, bs = self.decodes, self.n_decoding, self.block_size
+        pattern, first_blocks = -1, self.allocated_blocks
+        if self.paged:
+            # Step m of the run is decode step first + m: the sequences in phase -(first + m) % bs need a block.
+            r = -first % bs
+            needs = tuple(self.by_phase[r::-1] + self.by_phase[:r:-1])
+            total = (k // bs) * n_dec + sum(needs[: k % bs])
+            first_blocks += needs[0]
+            self.free_blocks -= total
+            self.allocated_blocks += total
+            pattern = self.patterns.setdefault(needs, len(self.patterns))
+        self.runs.append((first, now, dt, k, 0, n_dec, self.kv_tokens + n_dec, first_blocks, pattern))
+        self.kv_tokens += k * n_dec
+        now = now + k * dt
+        self.decodes += k
+        finishes = self.finishes
+        while finishes and finishes[0][0] < self.decodes:
+            self._finish_decoding(heapq.heappop(finishes), now)
+        return now
+
+    def decode_time(self, d: int) -> float:
+        """When decode step ``d`` (counted from 0) ended."""
+        first, begin, dt = self.runs[bisect.bisect_right(self.runs, d, key=lambda run: run[0]) - 1][:3]
+        return begin + (d - first + 1) * dt
 
     def _decoding_state(self, i: int) -> tuple[int, int]:
         # (generated, computed) of a decoding sequence now: one more of each per decode step since it started.
         steps = self.decodes - self.decode_start[i]
         return self.generated[i] + steps, self.computed[i] + steps
 
-    def _prefilled(self, i: int, now: float) -> int:
-        # The step completed request i's prefill: it emits a token, then decodes (or is done).  Returns 1 if done.
+    def _prefilled(self, i: int, now: float) -> None:
+        # The step completed request i's prefill: it emits a token, then decodes (or is done).
         self.prefilling.remove(i)
         self.generated[i] += 1
         self.num_tokens[i] += 1
@@ -276,23 +343,29 @@ class LLMEngine:
             self.max_gap[i] = now - self.last_token[i]     # the gap a preemption left
         self.open_first[i] = now
         if self.generated[i] == self.output[i]:
-            self._close_segment(i, self.decodes, self.decodes - 1)
+            if self.version[i]:
+                self._close_segment(i, self.decodes, self.decodes - 1)
             self._release(i, self.computed[i], now)
-            return 1
+            return
         self.running[i] = True
         self.decode_start[i] = self.decodes
         self.by_phase[(self.computed[i] - self.decodes) % self.block_size] += 1
         self.n_decoding += 1
         last = self.decodes + self.output[i] - self.generated[i] - 1
         heapq.heappush(self.finishes, (last, i, self.version[i]))
-        return 0
 
-    def _finish_decoding(self, i: int, now: float) -> None:
-        gen, comp = self._decoding_state(i)
-        self.generated[i], self.computed[i] = gen, comp
+    def _finish_decoding(self, entry: tuple[int, int, int], now: float) -> None:
+        # A finish-heap entry came due: its sequence's last token came at this step (unless preempted since).
+        _, i, version = entry
+        if version != self.version[i]:
+            return
+        steps = self.decodes - self.decode_start[i]
+        self.generated[i] += steps
+        comp = self.computed[i] = self.computed[i] + steps
         self.by_phase[(comp - self.decodes) % self.block_size] -= 1
         self.n_decoding -= 1
-        self._close_segment(i, self.decode_start[i], self.decodes - 1)
+        if version:     # preempted before: several segments, recorded one by one (else rebuilt at the end)
+            self._close_segment(i, self.decode_start[i], self.decodes - 1)
         self._release(i, comp, now)
 
     def _release(self, i: int, comp: int, now: float) -> None:
@@ -302,6 +375,7 @@ class LLMEngine:
         self.allocated_blocks -= held
         self.kv_tokens -= comp
         self.finish_time[i] = now
+        self.done += 1
 
     def _close_segment(self, i: int, first: int, last: int) -> None:
         # Request i's tokens ran from a prefill's end (open_first), then one per decode step first..last.
@@ -309,4 +383,3 @@ class LLMEngine:
         self.seg_first.append(self.open_first[i])
         self.seg_from.append(first)
         self.seg_to.append(last)
-        self.last_token[i] = self.decode_end[last] if last >= first else self.open_first[i]
