@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count, check_number
-from infergraph_lite.core.metrics import LatencySummary
+from infergraph_lite.core.arguments import check_count, check_fraction, check_number
+from infergraph_lite.core.metrics import LatencySummary, latency_percentile
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
 
 __all__ = ["LLMResult", "simulate_llm"]
@@ -91,7 +91,7 @@ class LLMResult(LatencySummary):
 
     def percentile(self, q: float, of: str = "e2e") -> float:
         """The q-th percentile of ``of`` over the measured requests: ``percentile(99, "ttft")`` is p99 TTFT."""
-        return float(np.percentile(self.measured(of), q))
+        return latency_percentile(self.measured(of), q)
 
     @property
     def steps(self) -> int:
@@ -166,8 +166,7 @@ def simulate_llm(
     for name, flag in [("prefill_first", prefill_first), ("chunked_prefill", chunked_prefill)]:
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup < 1:
-        raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
+    check_fraction("warmup", warmup, allow_zero=True)
     times = _arrivals(arrival_rate, arrivals, n, seed)
     step = _step_time(step_time)
 

@@ -59,7 +59,7 @@ def schedule_step(e: LLMEngine) -> None:
     k = 0
     while k < len(e.prefilling) and budget > 0:
         i = e.prefilling[k]
-        n = min(e.num_tokens[i] - e.computed[i], budget)
+        n = int(min(e.num_tokens[i] - e.computed[i], budget))
         while not e.allocate(i, n):            # short of blocks: preempt the newest running sequence
             victim = e.newest()
             e.preempt(victim)
@@ -170,7 +170,7 @@ class LLMEngine:
             i = self.waiting[0]
             n = self.num_tokens[i]
             if not whole:
-                n = min(n, budget)
+                n = int(min(n, budget))
             if n > budget or not self.allocate(i, n):
                 break
             self.waiting.popleft()

@@ -29,7 +29,7 @@ def static_offline_makespan(output_tokens: Sequence[int] | np.ndarray, max_num_s
     return float(np.maximum.reduceat(lengths, starts).sum() * seconds) if len(lengths) else 0.0
 
 
-def _distribution(lengths: int | Sequence[int] | np.ndarray, weights: Sequence[float] | None
+def _distribution(lengths: int | Sequence[int] | np.ndarray, weights: Sequence[float] | np.ndarray | None
                   ) -> tuple[np.ndarray, np.ndarray]:
     # Sorted distinct values and their probabilities.
     values = np.atleast_1d(np.asarray(lengths, dtype=float))
@@ -41,7 +41,7 @@ def _distribution(lengths: int | Sequence[int] | np.ndarray, weights: Sequence[f
 
 
 def expected_max_length(lengths: int | Sequence[int] | np.ndarray, b: int,
-                        weights: Sequence[float] | None = None) -> float:
+                        weights: Sequence[float] | np.ndarray | None = None) -> float:
     """E[max of ``b`` independent lengths]: a static batch of ``b`` random requests lasts this many steps.
 
     >>> expected_max_length([1, 2], 2)   # max is 1 only if both are 1
@@ -54,7 +54,8 @@ def expected_max_length(lengths: int | Sequence[int] | np.ndarray, b: int,
     return float(np.sum(values * (cdf**b - below**b)))
 
 
-def continuous_gain(lengths: int | Sequence[int] | np.ndarray, b: int, weights: Sequence[float] | None = None) -> float:
+def continuous_gain(lengths: int | Sequence[int] | np.ndarray, b: int,
+                    weights: Sequence[float] | np.ndarray | None = None) -> float:
     """E[max of b lengths] / E[length]: the offline throughput of continuous over static batching, b slots.
 
     Static batching spends E[max] steps per batch of b requests, continuous about E[length] steps per b
@@ -68,7 +69,7 @@ def continuous_gain(lengths: int | Sequence[int] | np.ndarray, b: int, weights: 
 
 
 def one_slot_mean_latency(arrival_rate: float, output_tokens: int | Sequence[int] | np.ndarray, step_time: float,
-                          weights: Sequence[float] | None = None) -> float:
+                          weights: Sequence[float] | np.ndarray | None = None) -> float:
     """Mean end-to-end latency with ``max_num_seqs=1`` under Poisson arrivals: an M/G/1 queue.
 
     A request's service is ``output_tokens * step_time``; Pollaczek-Khinchine gives
