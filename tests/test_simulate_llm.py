@@ -101,6 +101,8 @@ def reference(prompt, output, arrival, *, max_num_seqs, budget=math.inf, num_blo
                     if s.decoding != phase or (not phase and left <= 0):
                         k += 1
                         continue
+                    if not phase and not chunked and s.num_tokens - s.computed > left:
+                        break
                     ntok = 1 if phase else min(s.num_tokens - s.computed, left)
                     ok = True
                     while not alloc(s, ntok):

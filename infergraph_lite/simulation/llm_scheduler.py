@@ -59,7 +59,11 @@ def schedule_step(e: LLMEngine) -> None:
     k = 0
     while k < len(e.prefilling) and budget > 0:
         i = e.prefilling[k]
-        n = int(min(e.num_tokens[i] - e.computed[i], budget))
+        n = e.num_tokens[i] - e.computed[i]
+        if n > budget:
+            if not e.chunked_prefill:
+                break                          # a whole prefill waits for a step with room for it
+            n = int(budget)
         while not e.allocate(i, n):            # short of blocks: preempt the newest running sequence
             victim = e.newest()
             e.preempt(victim)
