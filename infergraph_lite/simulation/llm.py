@@ -154,11 +154,11 @@ def simulate_llm(
     static 12.0 3.0
     continuous 9.0 4.0
     """
-    n = check_count("n_requests", n_requests) or 1
+    n = check_count("n_requests", n_requests)
     prompt = _lengths("prompt_tokens", prompt_tokens, n)
     output = _lengths("output_tokens", output_tokens, n)
-    max_num_seqs = check_count("max_num_seqs", max_num_seqs) or 1
-    block_size = check_count("block_size", block_size) or 1
+    max_num_seqs = check_count("max_num_seqs", max_num_seqs)
+    block_size = check_count("block_size", block_size)
     if scheduling not in ("continuous", "static"):
         raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
     if kv_allocation not in ("paged", "reserve_max"):
@@ -174,13 +174,13 @@ def simulate_llm(
     footprint = prompt + output - 1
     reserve = None
     if kv_allocation == "reserve_max":
-        longest = int(output.max()) if max_tokens is None else check_count("max_tokens", max_tokens) or 1
+        longest = int(output.max()) if max_tokens is None else check_count("max_tokens", max_tokens)
         if output.max() > longest:
             raise ValueError(f"max_tokens ({longest}) is below the longest output_tokens ({int(output.max())})")
         reserve = -(-(prompt + longest) // block_size)
     num_blocks: float = math.inf
     if kv_cache_tokens is not None:
-        cache = check_count("kv_cache_tokens", kv_cache_tokens) or 1
+        cache = check_count("kv_cache_tokens", kv_cache_tokens)
         num_blocks = cache // block_size
         need = reserve if reserve is not None else -(-footprint // block_size)
         worst = int(np.argmax(need))
@@ -191,7 +191,7 @@ def simulate_llm(
                 f"its {what} need {int(need[worst])} blocks; raise kv_cache_tokens or shorten the request")
     budget: float = math.inf
     if max_num_batched_tokens is not None:
-        budget = check_count("max_num_batched_tokens", max_num_batched_tokens) or 1
+        budget = check_count("max_num_batched_tokens", max_num_batched_tokens)
         if budget < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({max_num_seqs}): "
                              "a step of max_num_seqs decoding sequences needs one token each (vLLM's rule too)")

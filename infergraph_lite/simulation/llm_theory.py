@@ -23,7 +23,7 @@ def static_offline_makespan(output_tokens: Sequence[int] | np.ndarray, max_num_s
     12.0
     """
     lengths = np.asarray(output_tokens)
-    b = check_count("max_num_seqs", max_num_seqs) or 1
+    b = check_count("max_num_seqs", max_num_seqs)
     seconds = check_number("step_time", step_time)
     starts = np.arange(0, len(lengths), b)
     return float(np.maximum.reduceat(lengths, starts).sum() * seconds) if len(lengths) else 0.0
@@ -47,7 +47,7 @@ def expected_max_length(lengths: int | Sequence[int] | np.ndarray, b: int,
     >>> expected_max_length([1, 2], 2)   # max is 1 only if both are 1
     1.75
     """
-    b = check_count("b", b) or 1
+    b = check_count("b", b)
     values, p = _distribution(lengths, weights)
     cdf = np.cumsum(p)
     below = np.concatenate([[0.0], cdf[:-1]])
