@@ -90,3 +90,47 @@ def test_batching_plan_rejects_no_batching_huge_batches_and_too_many_replicas():
     assert_wrong(lesson06.check_batching_plan(lambda rate, target: {"embed": (1, 6), "classify": (1, 6)}),
                  "meets the target with 12 replicas, but 3 suffice")
     assert_wrong(lesson06.check_batching_plan(lambda rate, target: {"embed": (8, 1)}), "for the stages")
+
+
+def product_of_cdfs(samples):
+    """The worked answer of exercise 6.4, written independently of the checker: bisection on the product of CDFs."""
+    lo, hi = 0.0, max(float(np.max(s)) for s in samples)
+    for _ in range(60):
+        t = (lo + hi) / 2
+        lo, hi = (t, hi) if np.prod([np.mean(s <= t) for s in samples]) < 0.99 else (lo, t)
+    return hi
+
+
+def test_join_p99_accepts_the_product_of_the_branches_cdfs():
+    assert lesson06.check_join_p99(product_of_cdfs).passed
+
+
+def test_join_p99_accepts_resampling_the_max_with_enough_draws():
+    def resample(samples):
+        rng = np.random.default_rng(1)
+        return np.percentile(np.max([rng.choice(s, 400_000) for s in samples], axis=0), 99)
+
+    assert lesson06.check_join_p99(resample).passed
+
+
+def test_join_p99_rejects_the_slowest_branch_alone_and_every_branch_as_slow_as_it():
+    assert_wrong(lesson06.check_join_p99(lambda samples: max(np.percentile(s, 99) for s in samples)),
+                 "four alike shards", "the slowest branch's own p99")
+    assert_wrong(lesson06.check_join_p99(
+        lambda samples: max(np.percentile(s, 100 * 0.99 ** (1 / len(samples))) for s in samples)),
+        "four alike shards", "as if it were as slow as the slowest")
+
+
+def test_join_p99_rejects_averaging_the_branches_and_a_non_number():
+    def mean_of_quantiles(samples):
+        return float(np.mean([np.percentile(s, 100 * 0.99 ** (1 / len(samples))) for s in samples]))
+
+    assert_wrong(lesson06.check_join_p99(mean_of_quantiles), "a cache, a model and a ranker", "too low",
+                 "never faster than its slowest branch")
+    assert_wrong(lesson06.check_join_p99(lambda samples: "fast"), "join_p99 for four alike shards")
+
+
+def test_join_cases_are_copies():
+    cases = lesson06.join_cases()
+    cases["four alike shards"]["shard0"][:] = 0.0
+    assert lesson06.join_cases()["four alike shards"]["shard0"].max() > 0

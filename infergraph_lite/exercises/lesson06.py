@@ -1,6 +1,7 @@
 """Checkers for the exercises of notebook 06, *Serving the whole graph*: bottlenecks, fan-out tails, batching plans.
 
-:data:`BATCHING_CHAIN` is exercise 6.3's graph; the notebook shows it to the learner.
+:data:`BATCHING_CHAIN` is exercise 6.3's graph and :func:`join_cases` exercise 6.4's branches; the notebook shows
+them to the learner.
 
 >>> check_fanout_p99(lambda latencies, k: 0.0).passed
 False
@@ -15,12 +16,13 @@ from functools import cache
 import numpy as np
 
 from infergraph_lite.core.stage import Exponential, Stage, mean_service_time
-from infergraph_lite.exercises.feedback import WrongAnswer, checker, require, require_count
+from infergraph_lite.exercises.feedback import WrongAnswer, checker, require, require_count, require_number
 from infergraph_lite.simulation.graph import simulate_graph
 from infergraph_lite.simulation.planning import brute_force_plan
 from infergraph_lite.simulation.queue import UnstableLoadError, simulate_batching
 
-__all__ = ["BATCHING_CHAIN", "BATCH_SIZES_06", "check_batching_plan", "check_fanout_p99", "check_fix_bottleneck"]
+__all__ = ["BATCHING_CHAIN", "BATCH_SIZES_06", "check_batching_plan", "check_fanout_p99", "check_fix_bottleneck",
+           "check_join_p99", "join_cases", "join_p99_of"]
 
 _MAX_LOAD = 0.8  # exercise 6.1's ceiling on each stage's offered load
 
@@ -160,3 +162,74 @@ def check_batching_plan(choose_batching: Callable[[float, float], dict[str, tupl
                               f"but {fewest} suffice, e.g. {hint}")
     return "the target met with the fewest replicas at both loads."
 
+
+
+# Exercise 6.4: a join whose branches are not alike.  Each branch is an M/M/1 queue (arrival rate, mean service
+# in ms, seed), so its latencies have the long exponential tail of notebook 04.
+_JOIN_CASES: dict[str, dict[str, tuple[float, float, int]]] = {
+    "four alike shards": {f"shard{i}": (0.5, 1.0, i) for i in range(4)},
+    "a cache, a model and a ranker": {"cache": (0.5, 0.2, 10), "model": (0.5, 1.0, 11), "ranker": (0.5, 1.6, 12)},
+    "four models, close but unlike": {"model_a": (0.5, 1.0, 20), "model_b": (0.5, 1.2, 21),
+                                      "model_c": (0.4, 1.2, 22), "model_d": (0.6, 1.0, 23)},
+}
+
+
+@cache
+def _join_samples(case: str) -> tuple[tuple[str, np.ndarray], ...]:
+    return tuple((name, simulate_batching(rate, Exponential(mean), n_requests=50_000, seed=seed).latencies)
+                 for name, (rate, mean, seed) in _JOIN_CASES[case].items())
+
+
+def join_cases() -> dict[str, dict[str, np.ndarray]]:
+    """Exercise 6.4's fan-outs: case name -> {branch name: a sample of that branch's latencies (ms)}.
+
+    >>> cases = join_cases()
+    >>> list(cases)
+    ['four alike shards', 'a cache, a model and a ranker', 'four models, close but unlike']
+    >>> sorted(cases["a cache, a model and a ranker"])
+    ['cache', 'model', 'ranker']
+    """
+    return {case: {name: sample.copy() for name, sample in _join_samples(case)} for case in _JOIN_CASES}
+
+
+def join_p99_of(branch_samples: list[np.ndarray], quantile: float = 0.99) -> float:
+    """The ``quantile`` of the max of independent branches, branch i distributed like ``branch_samples[i]``: the
+    least t at which the product of the branches' empirical CDFs reaches ``quantile``.
+
+    >>> one = np.arange(1.0, 101.0)            # 1, 2, ..., 100 ms
+    >>> join_p99_of([one]), join_p99_of([one, one], quantile=0.81)
+    (99.0, 90.0)
+    """
+    times = np.unique(np.concatenate(branch_samples))
+    done = np.ones(len(times))
+    for sample in branch_samples:
+        done *= np.searchsorted(np.sort(sample), times, side="right") / len(sample)
+    return float(times[np.argmax(done >= quantile - 1e-12)])
+
+
+@checker
+def check_join_p99(join_p99: Callable[[list[np.ndarray]], float]) -> str:
+    """Exercise 06.4: the p99 of a join whose independent branches are not alike, from one sample per branch."""
+    for case in _JOIN_CASES:
+        samples = [sample for _, sample in _join_samples(case)]
+        got = require_number(f"join_p99 for {case}", join_p99([s.copy() for s in samples]))
+        expected = join_p99_of(samples)
+        if math.isclose(got, expected, rel_tol=0.02):
+            continue
+        k = len(samples)
+        slowest_p99 = max(float(np.percentile(s, 99)) for s in samples)
+        all_slowest = max(float(np.percentile(s, 100 * 0.99 ** (1 / k))) for s in samples)
+        where = f"for {case} ({k} branches) you predicted {got:.2f} ms, expected {expected:.2f} ms"
+        if math.isclose(got, slowest_p99, rel_tol=0.02):
+            raise WrongAnswer(f"{where}: that is the slowest branch's own p99, which ignores that the join is also "
+                              "late whenever any other branch is; it is done by t only when every branch is")
+        if math.isclose(got, all_slowest, rel_tol=0.02):
+            raise WrongAnswer(f"{where}: that treats every branch as if it were as slow as the slowest (its quantile "
+                              f"0.99^(1/{k})); use each branch's own chance of being done by t")
+        if got < slowest_p99:
+            raise WrongAnswer(f"{where}, too low: a join is never faster than its slowest branch, whose p99 alone is "
+                              f"{slowest_p99:.2f} ms")
+        raise WrongAnswer(f"{where}, too high: find the least t at which the chance that every branch is done "
+                          "reaches 0.99")
+    return ("the join is done by t only when every branch is: P = F_1(t) x ... x F_k(t), and its p99 is where that "
+            "product reaches 0.99.")
