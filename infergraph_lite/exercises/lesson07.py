@@ -108,8 +108,8 @@ def check_ensemble_on_triton(config: str | Callable[[], str]) -> str:
     # leaves room for Triton's hops on a busy machine and is still well short of running them in turn.
     require(one_request < 0.8 * branches, f"one request took {one_request:.2f} s, more than 0.8 of modelA and modelB "
                                           f"added up ({branches:.2f} s): they did not run at the same time")
-    return (f"Triton loaded your ensemble and answered both texts correctly, and one request took {one_request:.2f} s, "
-            f"less than 0.8 of modelA and modelB added up ({branches:.2f} s): they ran in parallel.")
+    return ("Triton loaded your ensemble and answered both texts correctly, and one request took less than 0.8 of "
+            "modelA and modelB added up: they ran in parallel.")  # no timings: this line is a stored output
 
 
 def _batching_gain(alpha: float, beta: float, b: int = 16) -> float:
