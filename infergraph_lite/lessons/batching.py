@@ -154,7 +154,7 @@ class RealRun:
     queue: float                  # mean time queued, as the batcher recorded it
     service: float                # mean batch time per request, as recorded
     handoff: float                # the rest of the mean latency: submit, wake-up, answer
-    mean_batch: float             # mean batch size per request (after the warm-up)
+    mean_batch: float             # mean size per batch (after the warm-up)
     simulated: BatchingResult     # the same arrivals, the isolated profile's s(b)
     resimulated: BatchingResult   # the same arrivals, the batch times this run saw
     audit: PolicyAudit
@@ -184,6 +184,7 @@ def measure_real_batcher(batch_fn: Callable[[list[Any]], Sequence[Any]], make_it
     resimulated = simulate_batching(None, in_run_service_time(seen, seed), max_batch_size, max_wait,
                                     arrivals=arrivals, warmup=warmup, allow_unstable=True)  # a replay of this trace
     half = batch_means_interval(measured, n_batches=10, confidence=0.95)[1] if len(measured) >= 20 else math.nan
-    return RealRun(measured, half, queue, service, float(report.latencies.mean()) - queue - service,
-                   float(np.mean([r.batch_size for r in records[skip:]])), simulated, resimulated,
-                   audit_policy(batcher))
+    after = records[skip:]
+    per_batch = float(len(after) / np.sum([1 / r.batch_size for r in after]))  # per batch, not per request
+    return RealRun(measured, half, queue, service, float(report.latencies.mean()) - queue - service, per_batch,
+                   simulated, resimulated, audit_policy(batcher))
