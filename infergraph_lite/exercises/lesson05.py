@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -64,7 +65,7 @@ _AIMD_TRACES = [
     ("a batch exactly on the target", [50] * 60, 1.0, 0.5, 5.0),
     ("every batch over the target", [10] * 20, 6.0, 0.1, 5.0),
 ]
-_AIMD_MISTAKES = [
+_AIMD_MISTAKES: list[tuple[dict[str, Any], str]] = [
     ({"plain": True}, "a batch smaller than the cap says nothing about whether a bigger one would fit: grow the cap "
                       "only after a full batch (this package's refinement of Clipper's rule)"),
     ({"rounding": round}, "after a slow batch the cap becomes floor(0.9 x cap): round down, not to the nearest"),
