@@ -64,8 +64,9 @@ def across_seeds(rate: float, service_time: Any, configs: Mapping[str, Mapping[s
     return out
 
 
-def plain_log_axis(axis: Any) -> None:
-    """Ticks at 1, 2, 5 x 10^k on a log axis, labelled as plain numbers (10, 20, 50), not as powers.
+def plain_log_axis(axis: Any, subs: Sequence[float] = (1.0, 2.0, 5.0)) -> None:
+    """Ticks at ``subs`` x 10^k on a log axis (1, 2, 5 by default), labelled as plain numbers (10, 20, 50), not as
+    powers; a narrow range reads better with more, such as ``(1, 2, 3, 5, 7)``.
 
     >>> import matplotlib.pyplot as plt
     >>> fig, ax = plt.subplots(); ax.set_yscale("log"); _ = ax.set_ylim(3, 40); plain_log_axis(ax.yaxis)
@@ -76,7 +77,7 @@ def plain_log_axis(axis: Any) -> None:
     """
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_locator(LogLocator(base=10, subs=tuple(subs)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_locator(NullLocator())
     axis.set_minor_formatter(NullFormatter())
