@@ -336,23 +336,6 @@ def test_batching_capacity_rejects_per_batch_rate_and_forgetting_beta_b():
     assert_wrong(lesson05.check_batching_capacity(lambda a, b_, n: n / (a + b_)))
 
 
-def test_batch_sizes_greedy_rejects_fixed_batches_and_counting_too_late():
-    def fixed(arrivals, alpha, beta):
-        sizes = [4] * (len(arrivals) // 4)
-        return sizes + ([len(arrivals) % 4] if len(arrivals) % 4 else [])
-
-    def counts_at_arrival(arrivals, alpha, beta):
-        # Starts every batch when its first request arrives, ignoring that the server may be busy.
-        sizes, i = [], 0
-        while i < len(arrivals):
-            sizes.append(1)
-            i += 1
-        return sizes
-
-    assert_wrong(lesson05.check_batch_sizes_greedy(fixed), "the policy gives")
-    assert_wrong(lesson05.check_batch_sizes_greedy(counts_at_arrival), "free server takes everything")
-
-
 def test_window_tradeoff_rejects_swapped_loads_and_missing_windows():
     def swapped(windows):
         out = {}
