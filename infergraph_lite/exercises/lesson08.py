@@ -17,7 +17,8 @@ from infergraph_lite.exercises.feedback import WrongAnswer, checker, require
 from infergraph_lite.simulation.llm import simulate_llm
 
 __all__ = ["CHUNK_SCENARIO", "GOODPUT_WORKLOAD", "SLOT_CANDIDATES", "TPOT_TARGET", "check_chunk_budget",
-           "check_goodput_slots", "check_kv_cache_bytes", "chunk_stall", "goodput_of"]
+           "check_conversations_that_fit", "check_goodput_slots", "check_goodput_table", "check_kv_cache_bytes",
+           "check_ttft_cost", "chunk_stall", "goodput_of"]
 
 # Exercise 8.1: models as a config file describes them (hidden size and query heads; the head size is hidden / heads).
 _MODELS: dict[str, dict[str, int]] = {
@@ -147,3 +148,43 @@ def check_chunk_budget(largest_budget: Callable[[float], int]) -> str:
                                  f"({1000 * bigger:.1f} ms): the largest is what you want, since every token less "
                                  "lengthens the long prompt's TTFT (the budget counts the decode tokens too)")
     return "the largest budget that meets each target; a step of that many tokens is just within the target."
+
+
+@checker
+def check_conversations_that_fit(conversations_that_fit: Callable[[float, int], int]) -> str:
+    """Exercise 08.1, second part: whole Llama-3-8B conversations of ``tokens_each`` tokens in a cache of bytes."""
+    model = _MODELS["Llama-3-8B"]
+    for cache, tokens in ((40 * 2**30, 4096), (10 * 2**30, 1000), (2**20, 4096)):
+        got = conversations_that_fit(cache, tokens)
+        want = cache // _kv_bytes(model, tokens)
+        require(got == want and float(got).is_integer(),
+                f"{cache / 2**30:g} GiB and {tokens} tokens each: you said {got!r}, expected {want} "
+                "(whole conversations: a part of one does not fit)")
+    return "80 conversations of 4,096 tokens in 40 GiB: grouped-query attention makes it four times Llama-2's 20."
+
+
+@checker
+def check_goodput_table(goodput_table: Callable[[], tuple[list[int], list[float], list[float]]]) -> str:
+    """Exercise 08.2, the plot's data: (slot counts, throughput, goodput) over SLOT_CANDIDATES."""
+    slots, throughput, good = goodput_table()
+    require(list(slots) == list(SLOT_CANDIDATES), f"use the slot counts {list(SLOT_CANDIDATES)}, got {list(slots)}")
+    for s, t, g in zip(slots, throughput, good):
+        want = simulate_llm(**GOODPUT_WORKLOAD, max_num_seqs=s).request_throughput
+        require(math.isclose(t, want, rel_tol=1e-6), f"throughput at {s} slots: you said {t:.4g}, expected {want:.4g}")
+        require(math.isclose(g, goodput_of(s), rel_tol=1e-6),
+                f"goodput at {s} slots: you said {g:.4g}, expected {goodput_of(s):.4g}")
+    return "throughput rises with the slots; goodput peaks and falls."
+
+
+@checker
+def check_ttft_cost(ttft_cost: Callable[[float], tuple[float, float]]) -> str:
+    """Exercise 08.3, second part: the long prompt's TTFT (s) with the largest budget for a target, and without."""
+    chunked, unchunked = ttft_cost(0.025)
+    want_unchunked = float(simulate_llm(**CHUNK_SCENARIO).ttft[16])
+    want_chunked = chunk_stall(142)[1]          # 15 + 0.07 x 142 = 24.94 ms <= 25 ms < 15 + 0.07 x 143
+    require(math.isclose(unchunked, want_unchunked, rel_tol=1e-6),
+            f"without a budget the TTFT is {want_unchunked:.4f} s, you said {unchunked:.4f}")
+    require(math.isclose(chunked, want_chunked, rel_tol=1e-6),
+            f"with the largest budget for 25 ms (142 tokens) the TTFT is {want_chunked:.4f} s, you said {chunked:.4f}")
+    return (f"{1000 * want_chunked:.0f} ms against {1000 * want_unchunked:.0f} ms: the stall is bounded, "
+            "the long prompt pays.")
