@@ -56,7 +56,8 @@ def test_bad_input_is_refused_by_name(model: TinyDecoder, call, message: str):
 
 
 def _kv(model, tokens):
-    return 2 * model["layers"] * model["kv_heads"] * (model["hidden"] // model["heads"]) * model["bytes_per_value"] * tokens
+    head_dim = model["hidden"] // model["heads"]
+    return 2 * model["layers"] * model["kv_heads"] * head_dim * model["bytes_per_value"] * tokens
 
 
 def test_kv_checker_accepts_the_formula_and_names_each_plausible_mistake():
