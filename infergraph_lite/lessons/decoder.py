@@ -111,7 +111,7 @@ class TinyDecoder:
         self.heads = _positive_int("heads", heads)
         self.head_dim = _positive_int("head_dim", head_dim)
         self.max_positions = _positive_int("max_positions", max_positions)
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype = np.dtype(dtype)
         d = self.heads * self.head_dim
         rng = np.random.default_rng(seed)
 
