@@ -54,7 +54,7 @@ def test_feedback_renders_as_a_coloured_box_per_status_that_wraps_only_between_w
 
 def test_every_lesson_exports_its_checkers_and_nothing_is_exported_twice():
     names = [label.split(".")[1] for label, _ in CHECKERS]
-    assert len(names) == len(set(names)) == 23  # the checks of notebooks 01-07
+    assert len(names) == len(set(names)) == 24  # the checks of notebooks 01-07
     for module in map(importlib.import_module, LESSONS):
         defined = {name for name in vars(module) if name.startswith("check_")}
         assert defined == {name for name in module.__all__ if name.startswith("check_")}, module.__name__
