@@ -88,13 +88,19 @@ class AutoscalingConfig:
         return self.min_replicas if self.initial_replicas is None else self.initial_replicas
 
     def to_ray_config(self) -> dict[str, Any]:
-        """The dict for a Ray Serve deployment's ``autoscaling_config`` (fields left at None are left out).
+        """The dict for a Ray Serve deployment's ``autoscaling_config``.
+
+        Fields left at None are left out, and so is ``metrics_interval_s`` at Ray's default: recent Ray
+        deprecates that field (warning when it is given) in favour of environment variables, so it is passed
+        only when it says something Ray's default does not.
 
         >>> AutoscalingConfig(max_replicas=4, upscale_delay_s=5).to_ray_config()
-        {'min_replicas': 1, 'max_replicas': 4, 'target_ongoing_requests': 2.0, 'metrics_interval_s': 10.0,
-         'look_back_period_s': 30.0, 'upscale_delay_s': 5.0, 'downscale_delay_s': 600.0}
+        {'min_replicas': 1, 'max_replicas': 4, 'target_ongoing_requests': 2.0, 'look_back_period_s': 30.0,
+         'upscale_delay_s': 5.0, 'downscale_delay_s': 600.0}
         """
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None
+                and not (f.name == "metrics_interval_s" and getattr(self, f.name) == f.default)}
 
     def desired(self, mean_ongoing: float, current: int) -> int:
         """Ray's desired replica count for this average of ongoing requests, scaled and clipped.
