@@ -11,6 +11,7 @@ from infergraph_lite.core.stage import Exponential, Stage
 from infergraph_lite.simulation.autoscale import simulate_autoscaling, step_arrivals
 from infergraph_lite.simulation.graph import simulate_graph
 from infergraph_lite.simulation.planning import (
+    PlanningProblem,
     brute_force_plan,
     cost_per_hour,
     cost_per_million,
@@ -184,3 +185,26 @@ def test_no_more_batches_run_at_once_than_replicas_were_ordered():
         recent = run.replicas[(run.control_times <= s) & (run.control_times >= s - 50.0)]  # still draining
         allowed = max([ordered[-1] if len(ordered) else scaler.initial_replicas, *recent.tolist()])
         assert busy <= allowed
+
+
+# --- one planning problem ---------------------------------------------------------------------------------
+
+
+def test_the_three_planners_take_one_problem_and_their_keyword_calls_still_work():
+    problem = PlanningProblem(SMALL, 2.0, 20.0, **OPTIONS, max_replicas=6)
+    assert plan_capacity(problem) == plan_capacity(SMALL, 2.0, 20.0, max_replicas=6, **OPTIONS)
+    assert brute_force_plan(problem) == brute_force_plan(SMALL, 2.0, 20.0, max_replicas=6, **OPTIONS)
+    assert uniform_plan(problem) == uniform_plan(SMALL, 2.0, 20.0, max_replicas=6, max_load=0.9, **OPTIONS)
+    with pytest.raises(ValueError, match="not both"):
+        plan_capacity(problem, 2.0, 20.0)
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"arrival_rate": None}, "arrival_rate"), ({"p99_target": 0}, "p99_target"), ({"max_load": 1.0}, "max_load"),
+    ({"n_requests": 1.5}, "n_requests"), ({"batch_sizes": (1, 0)}, "batch_sizes"),
+    ({"max_waits": (-1.0,)}, "max_waits"), ({"price_per_replica_hour": {"pre": 1.0}}, "no price for stage 'topic'"),
+    ({"stages": {"a": (Stage(service_time=1.0), ["nowhere"])}}, "nowhere"),
+])
+def test_a_bad_problem_is_refused_by_name_before_anything_is_simulated(fields, named):
+    with pytest.raises(ValueError, match=named):
+        PlanningProblem(**{"stages": SMALL, "arrival_rate": 2.0, "p99_target": 20.0, **fields})
