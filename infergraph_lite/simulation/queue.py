@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.arguments import check_count, check_fraction, check_int, check_number
 from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.core.stage import Exponential, ServiceTime, capacity, service_time_fn
@@ -144,8 +144,7 @@ def simulate_batching(
 
 
 def check_warmup(warmup: object) -> None:
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not (0 <= warmup < 1):
-        raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
+    check_fraction("warmup", warmup, allow_zero=True)
 
 
 def arrival_times(
@@ -154,8 +153,7 @@ def arrival_times(
     # The simulators' arrivals: Poisson at arrival_rate (seeded), or a given trace and its mean rate.
     if arrivals is None:
         rate = check_number("arrival_rate", arrival_rate)
-        if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
-            raise ValueError(f"n_requests must be an integer >= 2, got {n_requests!r}")
+        n_requests = check_int("n_requests", n_requests, minimum=2)  # type: ignore[assignment]
         return np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum(), rate
     times = check_arrivals(arrivals)
     return times, (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
