@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from infergraph_lite.core.autoscaling import AutoscalingConfig
 from infergraph_lite.core.stage import Exponential, Stage
-from infergraph_lite.simulation.autoscale import Autoscaler, simulate_autoscaling, step_arrivals
+from infergraph_lite.simulation.autoscale import simulate_autoscaling, step_arrivals
 from infergraph_lite.simulation.graph import simulate_graph
 from infergraph_lite.simulation.planning import (
+    PlanningProblem,
     brute_force_plan,
     cost_per_hour,
     cost_per_million,
@@ -104,15 +106,16 @@ def test_planner_errors_are_named():
 
 
 def test_rays_rule_desired_replicas_from_ongoing_requests():
-    scaler = Autoscaler(target_ongoing_requests=2, min_replicas=1, max_replicas=6)
+    scaler = AutoscalingConfig(target_ongoing_requests=2, min_replicas=1, max_replicas=6)
     assert scaler.desired(mean_ongoing=7.0, current=2) == 4     # ceil(7 / 2)
     assert scaler.desired(mean_ongoing=100.0, current=2) == 6   # clipped to max
     assert scaler.desired(mean_ongoing=0.0, current=3) == 1     # clipped to min
-    half = Autoscaler(target_ongoing_requests=2, max_replicas=20, upscaling_factor=0.5, downscaling_factor=0.1)
+    half = AutoscalingConfig(target_ongoing_requests=2, max_replicas=20, upscaling_factor=0.5,
+                             downscaling_factor=0.1)
     assert half.desired(mean_ongoing=20.0, current=2) == 6      # 2 + 0.5 * (10 - 2)
     assert half.desired(mean_ongoing=2.0, current=4) == 3       # a tiny factor still moves down by one
     with pytest.raises(ValueError, match="max_replicas"):
-        Autoscaler(min_replicas=3, max_replicas=2)
+        AutoscalingConfig(min_replicas=3, max_replicas=2)
 
 
 @pytest.mark.parametrize(("service", "max_batch_size", "max_wait", "replicas"),
@@ -131,7 +134,8 @@ def test_an_autoscaler_pinned_to_one_size_changes_nothing():
     arrivals = step_arrivals([1.0, 3.0, 1.0], [3_000.0, 3_000.0, 3_000.0], seed=1)
     fixed = simulate_autoscaling(Stage(service_time=Exponential(2.0), replicas=8), arrivals)
     pinned = simulate_autoscaling(Stage(service_time=Exponential(2.0)), arrivals,
-                                  Autoscaler(min_replicas=8, max_replicas=8, upscale_delay=0.0, downscale_delay=0.0))
+                                  AutoscalingConfig(min_replicas=8, max_replicas=8, upscale_delay_s=0.0,
+                                                    downscale_delay_s=0.0))
     np.testing.assert_array_equal(fixed.finish, pinned.finish)
     assert set(pinned.replicas.tolist()) == {8}
 
@@ -140,24 +144,25 @@ def test_upscale_and_downscale_wait_for_their_delays():
     # Overload from the start: ongoing requests only grow, so every decision says "up"; Ray acts on the
     # decision after int(delay / interval) consecutive ones.
     overload = np.arange(0.0, 3_000.0, 1 / 3)
-    scaler = Autoscaler(target_ongoing_requests=1, max_replicas=4, upscale_delay=500.0, interval=100.0,
-                        look_back=100.0)
+    scaler = AutoscalingConfig(target_ongoing_requests=1, max_replicas=4, upscale_delay_s=0.5,
+                               look_back_period_s=0.1, metrics_interval_s=0.1)
     run = simulate_autoscaling(Stage(service_time=1.0), overload, scaler)
     assert run.replicas[:5].tolist() == [1] * 5 and run.replicas[5] == 4   # the 6th decision acts
     # Light load on a large fleet: every decision says "down".
     light = np.arange(0.0, 5_000.0, 10.0)
-    scaler = Autoscaler(target_ongoing_requests=1, max_replicas=8, initial_replicas=8, downscale_delay=1_000.0,
-                        interval=100.0, look_back=100.0)
+    scaler = AutoscalingConfig(target_ongoing_requests=1, max_replicas=8, initial_replicas=8, downscale_delay_s=1.0,
+                               look_back_period_s=0.1, metrics_interval_s=0.1)
     run = simulate_autoscaling(Stage(service_time=1.0), light, scaler)
     assert run.replicas[:10].tolist() == [8] * 10 and run.replicas[10] == 1
 
 
 def step_run(**overrides):
     arrivals = step_arrivals([1.0, 3.0, 1.0], [10_000.0, 10_000.0, 10_000.0], seed=2)
-    options = {"target_ongoing_requests": 0.7, "max_replicas": 12, "initial_replicas": 3, "upscale_delay": 500.0,
-               "downscale_delay": 5_000.0, "interval": 100.0, "look_back": 3_000.0, "startup_time": 500.0}
-    scaler = Autoscaler(**{**options, **overrides})
-    return arrivals, scaler, simulate_autoscaling(Stage(service_time=Exponential(2.0)), arrivals, scaler)
+    options = {"target_ongoing_requests": 0.7, "max_replicas": 12, "initial_replicas": 3, "upscale_delay_s": 0.5,
+               "downscale_delay_s": 5.0, "look_back_period_s": 3.0, "metrics_interval_s": 0.1}
+    scaler = AutoscalingConfig(**{**options, **overrides})
+    return arrivals, scaler, simulate_autoscaling(Stage(service_time=Exponential(2.0)), arrivals, scaler,
+                                                  startup_s=0.5)
 
 
 def test_a_load_step_scales_up_and_back_down_and_saves_replica_time_at_the_cost_of_the_tail():
@@ -171,7 +176,7 @@ def test_a_load_step_scales_up_and_back_down_and_saves_replica_time_at_the_cost_
     assert run.replica_time < 0.9 * fixed.replica_time      # it pays for fewer replica-seconds ...
     assert run.percentile(99) > fixed.percentile(99)        # ... with a worse tail, from the step
 def test_no_more_batches_run_at_once_than_replicas_were_ordered():
-    _, scaler, run = step_run(downscale_delay=1_000.0)
+    _, scaler, run = step_run(downscale_delay_s=1.0)
     starts, first = np.unique(run.start, return_index=True)
     ends = run.finish[first]
     for s in starts[::50]:
@@ -180,3 +185,26 @@ def test_no_more_batches_run_at_once_than_replicas_were_ordered():
         recent = run.replicas[(run.control_times <= s) & (run.control_times >= s - 50.0)]  # still draining
         allowed = max([ordered[-1] if len(ordered) else scaler.initial_replicas, *recent.tolist()])
         assert busy <= allowed
+
+
+# --- one planning problem ---------------------------------------------------------------------------------
+
+
+def test_the_three_planners_take_one_problem_and_their_keyword_calls_still_work():
+    problem = PlanningProblem(SMALL, 2.0, 20.0, **OPTIONS, max_replicas=6)
+    assert plan_capacity(problem) == plan_capacity(SMALL, 2.0, 20.0, max_replicas=6, **OPTIONS)
+    assert brute_force_plan(problem) == brute_force_plan(SMALL, 2.0, 20.0, max_replicas=6, **OPTIONS)
+    assert uniform_plan(problem) == uniform_plan(SMALL, 2.0, 20.0, max_replicas=6, max_load=0.9, **OPTIONS)
+    with pytest.raises(ValueError, match="not both"):
+        plan_capacity(problem, 2.0, 20.0)
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"arrival_rate": None}, "arrival_rate"), ({"p99_target": 0}, "p99_target"), ({"max_load": 1.0}, "max_load"),
+    ({"n_requests": 1.5}, "n_requests"), ({"batch_sizes": (1, 0)}, "batch_sizes"),
+    ({"max_waits": (-1.0,)}, "max_waits"), ({"price_per_replica_hour": {"pre": 1.0}}, "no price for stage 'topic'"),
+    ({"stages": {"a": (Stage(service_time=1.0), ["nowhere"])}}, "nowhere"),
+])
+def test_a_bad_problem_is_refused_by_name_before_anything_is_simulated(fields, named):
+    with pytest.raises(ValueError, match=named):
+        PlanningProblem(**{"stages": SMALL, "arrival_rate": 2.0, "p99_target": 20.0, **fields})

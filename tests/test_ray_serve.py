@@ -17,6 +17,7 @@ pytest.importorskip("ray")
 import ray  # imported before infergraph_lite.ray_serve on purpose: start() keeps Ray on loopback either way
 
 from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, NodeError, run_closed_loop
+from infergraph_lite.core.autoscaling import AutoscalingConfig
 from infergraph_lite.core.execute import run_graph
 from infergraph_lite.core.policy import AIMD
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
@@ -68,7 +69,10 @@ def test_autoscaling_replaces_replicas():
     options = deployment_options(Stage(fn=list, replicas=2), 0.1, autoscaling=config)
     assert "num_replicas" not in options and options["autoscaling_config"]["max_replicas"] == 4
     with pytest.raises(ValueError, match="target_ongoing_requests"):
-        autoscaling_config(0, 1, 2)
+        autoscaling_config(target_ongoing_requests=0, min_replicas=1, max_replicas=2)
+    scaler = AutoscalingConfig(target_ongoing_requests=2, max_replicas=4, upscale_delay_s=3)
+    assert autoscaling_config(scaler) == config == scaler.to_ray_config()   # the simulated autoscaler's settings
+    assert deployment_options(Stage(fn=list), 0.1, autoscaling=scaler)["autoscaling_config"] == config
 
 
 def test_loopback_addresses():

@@ -1,13 +1,53 @@
-"""Latency summaries every result shares: per-request arrival and finish times, mean, percentiles.
+"""Latency summaries every result shares: mean and percentiles of latency, mean batch size, busy fraction.
 
-The simulators' results (:mod:`infergraph_lite.simulation`) and the autoscaler's build on these.
+Each summary is defined once here.  The simulators' results (:mod:`infergraph_lite.simulation`), the
+autoscaler's, and the real load tests' (:mod:`infergraph_lite.serving`) all compute theirs with these.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LatencySummary", "PerRequestTimes"]
+__all__ = ["LatencySummary", "PerRequestTimes", "busy_fraction", "latency_percentile", "mean_per_batch"]
+
+
+def latency_percentile(latencies: np.ndarray, q: float) -> float:
+    """The q-th percentile of ``latencies``, q in [0, 100] (numpy's linear interpolation).
+
+    >>> latency_percentile(np.array([1.0, 2.0, 3.0, 4.0]), 50)
+    2.5
+    """
+    return float(np.percentile(latencies, q))
+
+
+def mean_per_batch(batch_size: np.ndarray) -> float:
+    """Mean size per *batch*, from each request's batch size: ``n / sum(1 / size)``.
+
+    A batch of b requests appears b times among the requests, so a plain mean over requests would weight
+    big batches more; the harmonic mean counts each batch once.
+
+    >>> mean_per_batch(np.array([4, 4, 4, 4, 1]))   # one batch of 4 and one of 1
+    2.5
+    """
+    sizes = np.asarray(batch_size, dtype=float)
+    return float(len(sizes) / np.sum(1.0 / sizes))
+
+
+def busy_fraction(batch_start: np.ndarray, batch_end: np.ndarray, servers: int, window_start: float,
+                  window_end: float) -> float:
+    """Utilization: the fraction of ``servers`` x the window that batches spent serving.
+
+    Each batch counts only the part of it inside ``[window_start, window_end]`` (a batch of warm-up requests,
+    or one running past the window, counts its overlap).  An empty window counts as fully busy.
+
+    >>> busy_fraction(np.array([0.0, 2.0, 5.0]), np.array([1.0, 4.0, 7.0]), 2, 1.0, 6.0)   # (2 + 1) / (2 * 5)
+    0.3
+    """
+    span = window_end - window_start
+    if span <= 0:
+        return 1.0
+    busy = np.sum(np.clip(batch_end, window_start, window_end) - np.clip(batch_start, window_start, window_end))
+    return float(busy / (servers * span))
 
 
 class LatencySummary:
@@ -30,7 +70,7 @@ class LatencySummary:
 
     def percentile(self, q: float) -> float:
         """The q-th percentile of latency, q in [0, 100] (``percentile(99)`` is p99)."""
-        return float(np.percentile(self.latencies, q))
+        return latency_percentile(self.latencies, q)
 
 
 class PerRequestTimes(LatencySummary):
@@ -48,6 +88,16 @@ class PerRequestTimes(LatencySummary):
         return self.finish - self.start
 
     @property
+    def mean_wait(self) -> float:
+        """Mean time a request waited in the queue (including a batch window)."""
+        return float(self.queue_times.mean())
+
+    @property
+    def mean_service(self) -> float:
+        """Mean service time of the batch a request rode in."""
+        return float(self.service_times.mean())
+
+    @property
     def mean_batch_size(self) -> float:
         """Mean size per *batch* (not per request, which would weight big batches more)."""
-        return float(len(self.batch_size) / np.sum(1.0 / self.batch_size))
+        return mean_per_batch(self.batch_size)

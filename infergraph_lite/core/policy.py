@@ -41,9 +41,7 @@ import copy
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.arguments import check_count, check_fraction, check_number
 
 __all__ = ["AIMD", "BatchPolicy"]
 
@@ -81,14 +79,15 @@ class AIMD:
 
     def __post_init__(self) -> None:
         check_number("AIMD latency_target", self.latency_target)
-        if isinstance(self.increase, bool) or not isinstance(self.increase, (int, np.integer)) or self.increase < 1:
-            raise ValueError(f"AIMD increase must be an integer >= 1, got {self.increase!r}")
-        if not isinstance(self.decrease, (int, float)) or not 0 < self.decrease < 1:
-            raise ValueError(f"AIMD decrease must be a fraction in (0, 1), got {self.decrease!r}")
+        check_count("AIMD increase", self.increase)
+        check_fraction("AIMD decrease", self.decrease)
         check_count("AIMD max_size", self.max_size)
-        cap = self.cap
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or not 1 <= cap <= self.max_size:
-            raise ValueError(f"AIMD cap must be an integer in [1, max_size={self.max_size}], got {self.cap!r}")
+        try:
+            if check_count("AIMD cap", self.cap) > self.max_size:  # type: ignore[operator]
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"AIMD cap must be an integer in [1, max_size={self.max_size}], "
+                             f"got {self.cap!r}") from None
         self.cap, self.increase, self.max_size = int(self.cap), int(self.increase), int(self.max_size)
 
     def observe(self, service_time: float, batch_size: int) -> None:
@@ -127,11 +126,11 @@ class BatchPolicy:
             self._fixed_cap: int | None = None
         else:
             self._controller = None
-            if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, (int, np.integer, type(None))) or (
-                max_batch_size is not None and max_batch_size < 1
-            ):
-                raise ValueError(f"max_batch_size must be an integer >= 1, None or an AIMD, got {max_batch_size!r}")
-            self._fixed_cap = None if max_batch_size is None else int(max_batch_size)
+            try:
+                self._fixed_cap = check_count("max_batch_size", max_batch_size, allow_none=True)
+            except ValueError:
+                raise ValueError(f"max_batch_size must be an integer >= 1, None or an AIMD, got {max_batch_size!r}"
+                                 ) from None
         self.max_wait = check_number("max_wait", max_wait, positive=False)
 
     @property

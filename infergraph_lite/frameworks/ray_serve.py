@@ -60,6 +60,7 @@ import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
 
+from infergraph_lite.core.autoscaling import AutoscalingConfig  # noqa: E402
 from infergraph_lite.core.execute import NodeError  # noqa: E402
 from infergraph_lite.core.graph import MissingInputError, Plan  # noqa: E402
 from infergraph_lite.core.stage import Stage, batch_item, prepare_stages  # noqa: E402
@@ -138,37 +139,29 @@ def keep_replica_grpc_on_loopback() -> None:
 # batch_options, deployment_options and from_stage live in ray_serve_options (importable without Ray).
 
 
-def autoscaling_config(
-    target_ongoing_requests: float,
-    min_replicas: int,
-    max_replicas: int,
-    upscale_delay_s: float = 30.0,
-    downscale_delay_s: float = 600.0,
-) -> dict[str, Any]:
-    """Serve's ``autoscaling_config`` for a deployment, from the knobs of notebook 06's reactive autoscaler.
+def autoscaling_config(config: AutoscalingConfig | None = None, /, **fields: Any) -> dict[str, Any]:
+    """Serve's ``autoscaling_config`` dict for a deployment: ``config.to_ray_config()``.
 
-    Serve keeps ``ceil(ongoing requests / target_ongoing_requests)`` replicas, within
-    ``[min_replicas, max_replicas]``, and acts on a decision only after it has held for
-    ``upscale_delay_s`` (to add) or ``downscale_delay_s`` (to remove); the defaults are Serve's.
-    Pass the result as ``RayServeGraph(..., autoscaling={"topic": ...})``.
+    Pass the :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig` notebook 06's simulated autoscaler
+    ran with, or its fields as keywords (Ray's names, seconds, Ray's defaults).  Serve keeps
+    ``ceil(ongoing requests / target_ongoing_requests)`` replicas, within ``[min_replicas, max_replicas]``,
+    and acts on a decision only after it has held for ``upscale_delay_s`` (to add) or ``downscale_delay_s``
+    (to remove).  Pass the result as ``RayServeGraph(..., autoscaling={"topic": ...})``.
 
     >>> autoscaling_config(target_ongoing_requests=2, min_replicas=1, max_replicas=3, upscale_delay_s=5)
-    {'target_ongoing_requests': 2, 'min_replicas': 1, 'max_replicas': 3, 'upscale_delay_s': 5,
-     'downscale_delay_s': 600.0}
-    >>> autoscaling_config(2, min_replicas=3, max_replicas=1)
+    {'min_replicas': 1, 'max_replicas': 3, 'target_ongoing_requests': 2.0, 'look_back_period_s': 30.0,
+     'upscale_delay_s': 5.0, 'downscale_delay_s': 600.0}
+    >>> autoscaling_config(min_replicas=3, max_replicas=1)
     Traceback (most recent call last):
     ...
-    ValueError: need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got 3 and 1
+    ValueError: max_replicas (1) must be >= min_replicas (3)
     """
-    if not target_ongoing_requests > 0:
-        raise ValueError(f"target_ongoing_requests must be > 0, got {target_ongoing_requests!r}")
-    if not (0 <= min_replicas <= max_replicas and max_replicas >= 1):
-        raise ValueError(f"need 0 <= min_replicas <= max_replicas and max_replicas >= 1, got {min_replicas} and "
-                         f"{max_replicas}")
-    if upscale_delay_s < 0 or downscale_delay_s < 0:
-        raise ValueError("upscale_delay_s and downscale_delay_s must be >= 0")
-    return {"target_ongoing_requests": target_ongoing_requests, "min_replicas": min_replicas,
-            "max_replicas": max_replicas, "upscale_delay_s": upscale_delay_s, "downscale_delay_s": downscale_delay_s}
+    if config is None:
+        config = AutoscalingConfig(**fields)
+    elif fields or not isinstance(config, AutoscalingConfig):
+        raise ValueError("autoscaling_config takes an AutoscalingConfig or its fields as keywords, not both; "
+                         f"got {config!r} and {sorted(fields)}")
+    return config.to_ray_config()
 
 
 # --- the deployments ----------------------------------------------------------------------------------
@@ -270,7 +263,8 @@ class RayServeGraph:
     is shut down and every process it started is waited for, by PID (and stopped if it lingers).
 
     ``num_cpus_per_replica`` defaults to an equal share of ``num_cpus`` for every replica;
-    ``autoscaling`` maps stage names to :func:`autoscaling_config` dicts (replacing ``replicas``).
+    ``autoscaling`` maps stage names to an :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig` or its
+    :func:`autoscaling_config` dict (replacing ``replicas``).
     ``timings`` records seconds from the start to ``ray_init`` done and to ``deploy`` done.
 
     >>> from infergraph_lite.lessons.examples import banana_nodes
@@ -288,12 +282,13 @@ class RayServeGraph:
         *,
         num_cpus: int = 2,
         num_cpus_per_replica: float | None = None,
-        autoscaling: Mapping[str, Mapping[str, Any]] | None = None,
+        autoscaling: Mapping[str, AutoscalingConfig | Mapping[str, Any]] | None = None,
         app_name: str = "infergraph",
         timeout: float = 180.0,
     ):
         self.plan: Plan = prepare_stages(stages, inputs, need="fn")  # graph errors before anything starts
-        autoscaling = dict(autoscaling or {})
+        autoscaling = {name: config.to_ray_config() if isinstance(config, AutoscalingConfig) else dict(config)
+                       for name, config in (autoscaling or {}).items()}
         unknown = sorted(set(autoscaling) - set(self.plan.nodes))
         if unknown:
             raise ValueError(f"autoscaling names stages the graph does not have: {unknown}")

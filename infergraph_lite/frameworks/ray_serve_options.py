@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from infergraph_lite.core.autoscaling import AutoscalingConfig
 from infergraph_lite.core.graph import InvalidNodeError
 from infergraph_lite.core.policy import AIMD
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
@@ -68,7 +69,8 @@ max_batch_size=None: @serve.batch needs a whole-number max_batch_size; give the 
 
 
 def deployment_options(
-    stage: Stage, num_cpus: float, autoscaling: Mapping[str, Any] | None = None, *, name: str = "stage"
+    stage: Stage, num_cpus: float, autoscaling: AutoscalingConfig | Mapping[str, Any] | None = None, *,
+    name: str = "stage"
 ) -> dict[str, Any]:
     """The ``.options(...)`` of a stage's deployment: replicas (or autoscaling), CPU share, queue limits.
 
@@ -82,7 +84,8 @@ def deployment_options(
     batching = batch_options(stage, name=name)
     options: dict[str, Any] = {"num_replicas": stage.replicas}
     if autoscaling is not None:
-        options = {"autoscaling_config": dict(autoscaling)}
+        options = {"autoscaling_config": autoscaling.to_ray_config() if isinstance(autoscaling, AutoscalingConfig)
+                   else dict(autoscaling)}
     options["ray_actor_options"] = {"num_cpus": num_cpus}
     options["max_ongoing_requests"] = max(8, 2 * batching["max_batch_size"]) if batching else 8
     options["max_queued_requests"] = -1 if stage.max_queue_size is None else stage.max_queue_size

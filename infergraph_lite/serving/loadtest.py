@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from infergraph_lite.core.arguments import check_count
+from infergraph_lite.core.metrics import latency_percentile
 from infergraph_lite.serving.metrics import StageTimes, stage_times
 
 __all__ = ["LoadReport", "ServiceProfile", "StageTimes", "profile_service_time", "run_closed_loop", "run_open_loop",
@@ -70,7 +72,7 @@ class LoadReport:
 
     def percentile(self, q: float) -> float:
         """The q-th percentile latency in seconds (``percentile(99)`` is p99)."""
-        return float(np.percentile(self.latencies, q))
+        return latency_percentile(self.latencies, q)
 
     def summary(self) -> dict[str, float]:
         """Throughput (req/s) and mean, p50, p90, p95, p99 latency (ms), as perf_analyzer prints them."""
@@ -204,10 +206,8 @@ def run_closed_loop(
     """
     submit = _submit_of(target)
     marks = _stage_marks(target)
-    if isinstance(n_clients, bool) or not isinstance(n_clients, int) or n_clients < 1:
-        raise ValueError(f"n_clients must be an integer >= 1, got {n_clients!r}")
-    if isinstance(n_requests, bool) or not isinstance(n_requests, int) or n_requests < 1:
-        raise ValueError(f"n_requests must be an integer >= 1, got {n_requests!r}")
+    n_clients = check_count("n_clients", n_clients)
+    n_requests = check_count("n_requests", n_requests)
     lock = threading.Lock()
     next_index = 0
     latencies: list[float] = []
@@ -290,10 +290,14 @@ def profile_service_time(
     >>> p.sizes.tolist(), p.seconds.shape
     ([1, 2, 4], (3,))
     """
-    if len(sizes) < 2 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in sizes):
-        raise ValueError(f"sizes must hold at least two batch sizes >= 1, got {list(sizes)!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    try:
+        if len(sizes) < 2:
+            raise ValueError
+        for b in sizes:
+            check_count("a batch size", b)
+    except ValueError:
+        raise ValueError(f"sizes must hold at least two batch sizes >= 1, got {list(sizes)!r}") from None
+    repeats = check_count("repeats", repeats)
     batches = [make_batch(b) for b in sizes]
     for batch in batches:
         model(batch)  # warm caches and lazy allocations first

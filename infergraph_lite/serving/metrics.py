@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from infergraph_lite.core.metrics import mean_per_batch
+
 __all__ = ["BatchRecord", "RequestRecord", "StageTimes", "stage_times"]
 
 
@@ -77,6 +79,5 @@ def stage_times(records: Mapping[str, Sequence[Any]]) -> dict[str, StageTimes]:
         queue = np.fromiter((r.queue_time for r in rows), float, len(rows))
         compute = np.fromiter((r.service_time for r in rows), float, len(rows))
         sizes = np.fromiter((r.batch_size for r in rows), float, len(rows))
-        summary[name] = StageTimes(float(queue.mean()), float(compute.mean()),
-                                   float(len(sizes) / np.sum(1.0 / sizes)), len(rows))
+        summary[name] = StageTimes(float(queue.mean()), float(compute.mean()), mean_per_batch(sizes), len(rows))
     return summary

@@ -3,18 +3,20 @@
 Ray Serve's default policy (``ray.serve.autoscaling_policy``, "replica queue length"), every control
 interval:
 
-1. average the *ongoing requests* (queued plus being served) over the last ``look_back`` period;
+1. average the *ongoing requests* (queued plus being served) over the last ``look_back_period_s``;
 2. desired replicas = that average / ``target_ongoing_requests`` (smoothed by an up- or down-scaling factor,
    and clipped to ``[min_replicas, max_replicas]``);
-3. act only when the same direction has been decided for ``upscale_delay`` (or ``downscale_delay``) in a
+3. act only when the same direction has been decided for ``upscale_delay_s`` (or ``downscale_delay_s``) in a
    row: a short burst does not buy replicas, a short lull does not give them back.
 
-:func:`simulate_autoscaling` runs one stage — the shared
-:class:`~infergraph_lite.core.policy.BatchPolicy`, like :func:`~infergraph_lite.simulation.queue.simulate_batching` —
-under a time-varying load, calling the controller every ``interval`` of simulated time.  The queue carries
-over from one interval to the next; a new replica starts serving ``startup_time`` after it is ordered; a
-removed replica finishes the batch it is serving and then leaves.  Without an autoscaler it is exactly
-:func:`~infergraph_lite.simulation.queue.simulate_batching` with a fixed fleet.
+The settings are one :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig`, the object notebook 07
+hands to Ray (:meth:`~infergraph_lite.core.autoscaling.AutoscalingConfig.to_ray_config`).
+:func:`simulate_autoscaling` runs one stage — the shared :class:`~infergraph_lite.core.policy.BatchPolicy`,
+in the simulator's one batch loop (:func:`~infergraph_lite.simulation.queue.batch_by_batch`) — under a
+time-varying load; a hook on that loop runs the controller every control interval of simulated time.  The
+queue carries over from one interval to the next; a new replica starts serving ``startup_s`` after it is
+ordered; a removed replica finishes the batch it is serving and then leaves.  Without autoscaling it is
+:func:`~infergraph_lite.simulation.queue.simulate_batching`'s loop with a fixed fleet.
 
 Introduced in notebook 06.
 """
@@ -23,77 +25,19 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.arguments import check_number
+from infergraph_lite.core.autoscaling import AutoscalingConfig
 from infergraph_lite.core.metrics import LatencySummary
-from infergraph_lite.core.stage import Exponential, Stage, service_time_fn
-from infergraph_lite.simulation.queue import check_arrivals
+from infergraph_lite.core.stage import Stage, service_time_fn
+from infergraph_lite.simulation.queue import QueueState, batch_by_batch, check_arrivals, is_deterministic
 
-__all__ = ["AutoscaleResult", "Autoscaler", "simulate_autoscaling", "step_arrivals"]
-
-
-@dataclass(frozen=True)
-class Autoscaler:
-    """Ray Serve's autoscaling knobs (``autoscaling_config``), in the simulation's time unit.
-
-    Ray's defaults are in seconds: ``target_ongoing_requests=2``, ``upscale_delay_s=30``,
-    ``downscale_delay_s=600``, ``look_back_period_s=30``, a control loop every 0.1 s.  Here every time is in
-    the unit of the service times (ms in the notebooks), so pass values that suit your time scale.
-
-    >>> Autoscaler(target_ongoing_requests=4, max_replicas=8).decide_every(interval=100.0, delay=1_000.0)
-    10
-    """
-
-    target_ongoing_requests: float = 2.0
-    min_replicas: int = 1
-    max_replicas: int = 10
-    upscale_delay: float = 30_000.0
-    downscale_delay: float = 600_000.0
-    interval: float = 100.0
-    look_back: float = 30_000.0
-    upscaling_factor: float = 1.0
-    downscaling_factor: float = 1.0
-    startup_time: float = 0.0
-    initial_replicas: int | None = None
-
-    def __post_init__(self) -> None:
-        check_number("target_ongoing_requests", self.target_ongoing_requests)
-        check_count("min_replicas", self.min_replicas)
-        check_count("max_replicas", self.max_replicas)
-        if self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
-        for name in ("upscale_delay", "downscale_delay", "startup_time"):
-            check_number(name, getattr(self, name), positive=False)
-        for name in ("interval", "look_back", "upscaling_factor", "downscaling_factor"):
-            check_number(name, getattr(self, name))
-        if self.initial_replicas is not None:
-            check_count("initial_replicas", self.initial_replicas)
-            if not self.min_replicas <= self.initial_replicas <= self.max_replicas:
-                raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
-
-    @staticmethod
-    def decide_every(interval: float, delay: float) -> int:
-        """How many consecutive decisions in one direction a delay asks for: Ray's ``int(delay / interval)``."""
-        return int(delay / interval)
-
-    def desired(self, mean_ongoing: float, current: int) -> int:
-        """Ray's desired replica count for this average of ongoing requests, scaled and clipped.
-
-        >>> Autoscaler(target_ongoing_requests=2, max_replicas=10).desired(mean_ongoing=9.0, current=2)
-        5
-        """
-        wanted = mean_ongoing / self.target_ongoing_requests  # = current * (ongoing per replica / target)
-        factor = self.upscaling_factor if wanted > current else self.downscaling_factor
-        scaled = math.ceil(current + factor * (wanted - current) - 1e-9)
-        if math.ceil(wanted - 1e-9) < current and scaled == current:  # a small factor must not stall a downscale
-            scaled -= 1
-        return max(self.min_replicas, min(self.max_replicas, scaled))
+__all__ = ["AutoscaleResult", "AutoscalingConfig", "simulate_autoscaling", "step_arrivals"]
 
 
 @dataclass(frozen=True)
@@ -143,110 +87,145 @@ def step_arrivals(rates: Sequence[float], durations: Sequence[float], seed: int 
 def simulate_autoscaling(
     stage: Stage,
     arrivals: Sequence[float] | np.ndarray,
-    autoscaler: Autoscaler | None = None,
+    autoscaling: AutoscalingConfig | None = None,
     seed: int = 0,
+    *,
+    time_unit: float = 1e-3,
+    control_interval_s: float = 0.1,
+    startup_s: float = 0.0,
 ) -> AutoscaleResult:
-    """Serve ``arrivals`` (sorted times) with one batching stage whose replicas an :class:`Autoscaler` sets.
+    """Serve ``arrivals`` (sorted times) with one batching stage whose replicas Ray's autoscaling rule sets.
 
-    The stage's batching policy runs as in :func:`~infergraph_lite.simulation.queue.simulate_batching`; with
-    ``autoscaler=None`` its ``replicas`` stay fixed (and the result is exactly simulate_batching's).  With an
-    autoscaler the stage starts at ``initial_replicas`` (default ``min_replicas``), and every ``interval`` the
-    controller sees the ongoing requests (arrived, not yet finished) and may order replicas up or down, as
-    described in the module docstring.  All requests are measured (no warm-up: the changing load is the point).
+    ``arrivals`` and the stage's service times are in the simulator's unit, ``time_unit`` seconds (ms by
+    default, as in the notebooks); the :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig`'s times
+    are in seconds, as Ray's.  The stage's batching policy runs as in
+    :func:`~infergraph_lite.simulation.queue.simulate_batching`; with ``autoscaling=None`` its ``replicas``
+    stay fixed.  With autoscaling the stage starts at ``initial_replicas`` (default ``min_replicas``), and every
+    ``control_interval_s`` (Ray's control loop, 0.1 s) the controller counts the ongoing requests (arrived, not
+    yet finished; a report every ``metrics_interval_s``) and may order replicas up or down, as described in the
+    module docstring; an ordered replica serves ``startup_s`` later.  All requests are measured (no warm-up:
+    the changing load is the point).
 
     >>> stage = Stage(service_time=1.0)
     >>> run = simulate_autoscaling(stage, step_arrivals([0.5, 1.5], [2_000.0, 2_000.0]),
-    ...                            Autoscaler(target_ongoing_requests=2, max_replicas=4, upscale_delay=200.0,
-    ...                                       look_back=200.0))
+    ...                            AutoscalingConfig(target_ongoing_requests=2, max_replicas=4, upscale_delay_s=0.2,
+    ...                                              look_back_period_s=0.2, metrics_interval_s=0.1))
     >>> int(run.replicas[0]), int(run.replicas.max())   # one replica at 50 % load; more when the load triples
     (1, 4)
     """
     if not isinstance(stage, Stage) or stage.service_time is None:
         raise ValueError("simulate_autoscaling needs a Stage with a service_time")
+    if autoscaling is not None and not isinstance(autoscaling, AutoscalingConfig):
+        raise ValueError(f"autoscaling must be an AutoscalingConfig or None, got {autoscaling!r}")
     times = check_arrivals(arrivals)
+    unit = check_number("time_unit", time_unit)
+    check_number("control_interval_s", control_interval_s)
+    check_number("startup_s", startup_s, positive=False)
     policy = stage.policy()
     s = service_time_fn(stage.service_time, np.random.default_rng([seed, 1]), allow_zero=True)
-    deterministic = not callable(stage.service_time) and not isinstance(stage.service_time, Exponential)
-    service_of: dict[int, float] = {}
-    n = len(times)
-    arrival_list = times.tolist()
-
-    ordered = stage.replicas if autoscaler is None else (autoscaler.initial_replicas or autoscaler.min_replicas)
-    free_at = [0.0] * ordered  # heap: when each replica in the fleet is next free
-    retiring = 0  # replicas ordered away, leaving as soon as they are next free
-    in_flight: list[tuple[float, int]] = []  # heap of (end, size) of batches started, to count finishes
-    finished = 0
-    control_t = (times[0] + autoscaler.interval) if autoscaler is not None else math.inf
-    samples: deque[tuple[float, int]] = deque()
-    counter = 0  # Ray's decision counter: > 0 consecutive ups, < 0 consecutive downs
-    control_times, ordered_log, ongoing_log = [], [], []
-    changes = [(float(times[0]), ordered)]  # (time, replicas ordered from then)
-
-    start_of = np.empty(n)
-    finish_of = np.empty(n)
-    i = 0
-    while i < n:
-        cap = policy.cap
-        full_at = arrival_list[i + cap - 1] if cap is not None and i + cap - 1 < n else math.inf
-        start = policy.start_time(free_at[0], arrival_list[i], full_at)
-        if start >= control_t:
-            # Every batch that starts before control_t is placed: run the controller at control_t.
-            assert autoscaler is not None
-            while in_flight and in_flight[0][0] <= control_t:
-                finished += heapq.heappop(in_flight)[1]
-            ongoing = bisect.bisect_right(arrival_list, control_t) - finished
-            samples.append((control_t, ongoing))
-            while samples[0][0] <= control_t - autoscaler.look_back:
-                samples.popleft()
-            mean_ongoing = sum(o for _, o in samples) / len(samples)
-            desired = autoscaler.desired(mean_ongoing, ordered)
-            if desired > ordered:
-                counter = max(counter, 0) + 1
-                act = counter > autoscaler.decide_every(autoscaler.interval, autoscaler.upscale_delay)
-            elif desired < ordered:
-                counter = min(counter, 0) - 1
-                act = -counter > autoscaler.decide_every(autoscaler.interval, autoscaler.downscale_delay)
-            else:
-                counter, act = 0, False
-            if act:
-                counter = 0
-                if desired > ordered:
-                    cancel = min(retiring, desired - ordered)  # replicas not yet gone simply stay
-                    retiring -= cancel
-                    for _ in range(desired - ordered - cancel):
-                        heapq.heappush(free_at, control_t + autoscaler.startup_time)
-                else:
-                    retiring += ordered - desired
-                ordered = desired
-                changes.append((control_t, ordered))
-            control_times.append(control_t)
-            ordered_log.append(ordered)
-            ongoing_log.append(ongoing)
-            control_t += autoscaler.interval
-            continue
-        heapq.heappop(free_at)  # the replica that is free first takes the batch ...
-        if retiring:  # ... unless it was ordered away: then it leaves now instead
-            retiring -= 1
-            continue
-        size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
-        if deterministic:
-            duration = service_of.get(size)
-            if duration is None:
-                duration = service_of[size] = s(size)
-        else:
-            duration = s(size)
-        policy.observe(duration, size)
-        start_of[i:i + size] = start
-        finish_of[i:i + size] = start + duration
-        heapq.heappush(free_at, start + duration)
-        heapq.heappush(in_flight, (start + duration, size))
-        i += size
+    if autoscaling is None:
+        controller = None
+        replicas = stage.replicas
+        changes = [(float(times[0]), replicas)]
+    else:
+        if autoscaling.start_replicas < 1:
+            raise ValueError(f"simulate_autoscaling does not scale to zero: min_replicas (or initial_replicas) "
+                             f"must be >= 1, got {autoscaling.start_replicas}")
+        controller = _Controller(autoscaling, times, unit, control_interval_s, startup_s)
+        replicas = controller.ordered
+        changes = controller.changes
+    firsts, starts, ends, _ = batch_by_batch(times, s, policy, replicas, is_deterministic(stage.service_time),
+                                             on_batch_start=controller)
+    sizes = np.diff(np.append(firsts, len(times)))
+    start_of, finish_of = np.repeat(starts, sizes), np.repeat(ends, sizes)
 
     end = float(finish_of.max())
     bounds = [t for t, _ in changes[1:]] + [end]
     replica_time = sum(r * (max(t1, t0) - t0) for (t0, r), t1 in zip(changes, bounds))
+    log = controller.log if controller is not None else ([], [], [])
     return AutoscaleResult(
         arrival=times, start=start_of, finish=finish_of,
-        control_times=np.array(control_times), replicas=np.array(ordered_log, dtype=int),
-        ongoing=np.array(ongoing_log, dtype=int), replica_time=float(replica_time),
+        control_times=np.array(log[0]), replicas=np.array(log[1], dtype=int),
+        ongoing=np.array(log[2], dtype=int), replica_time=float(replica_time),
     )
+
+
+class _Controller:
+    # Ray's control loop as a hook on the batch loop (a BatchHook): before each batch, if the batch would start
+    # at or after the next control time, every earlier batch is placed, so the controller runs at that time
+    # first; and a replica ordered away leaves when it is next free instead of taking the batch.
+    def __init__(self, config: AutoscalingConfig, times: np.ndarray, unit: float, interval_s: float,
+                 startup_s: float):
+        self.config, self.arrivals = config, times.tolist()
+        # Every time in the simulator's unit, rounded to 1e-9 of it so that 0.043 s is 43 ms and not
+        # 43.00000000000001; the decision counts are Ray's, int(delay / control interval).
+        def units(seconds: float) -> float:
+            return round(seconds / unit, 9)
+
+        self.interval, self.look_back, self.startup = units(interval_s), units(config.look_back_period_s), \
+            units(startup_s)
+        self.up_after = int(units(config.upscale_delay_s) / self.interval)
+        self.down_after = int(units(config.downscale_delay_s) / self.interval)
+        self.sample_every = max(1, round(config.metrics_interval_s / interval_s))  # control steps per report
+        self.ordered = config.start_replicas
+        self.retiring = 0            # replicas ordered away, leaving as soon as they are next free
+        self.counter = 0             # Ray's decision counter: > 0 consecutive ups, < 0 consecutive downs
+        self.control_t = float(times[0]) + self.interval
+        self.steps = 0
+        self.samples: deque[tuple[float, int]] = deque()
+        self.in_flight: list[tuple[float, int]] = []  # heap of (end, size) of placed batches not yet counted done
+        self.placed = 0              # batches moved into in_flight so far
+        self.finished = 0
+        self.changes = [(float(times[0]), self.ordered)]  # (time, replicas ordered from then)
+        self.log: tuple[list[float], list[int], list[int]] = ([], [], [])
+
+    def __call__(self, start: float, next_request: int, state: QueueState) -> bool:
+        if start >= self.control_t:
+            self._control(next_request, state)
+            return True
+        if self.retiring:  # the replica free first was ordered away: it leaves now instead of serving
+            heapq.heappop(state.free_at)
+            self.retiring -= 1
+            return True
+        return False
+
+    def _control(self, next_request: int, state: QueueState) -> None:
+        config, t = self.config, self.control_t
+        first, end = state.first, state.end
+        for k in range(self.placed, len(end)):
+            size = (first[k + 1] if k + 1 < len(first) else next_request) - first[k]
+            heapq.heappush(self.in_flight, (end[k], size))
+        self.placed = len(end)
+        while self.in_flight and self.in_flight[0][0] <= t:
+            self.finished += heapq.heappop(self.in_flight)[1]
+        ongoing = bisect.bisect_right(self.arrivals, t) - self.finished
+        if self.steps % self.sample_every == 0:
+            self.samples.append((t, ongoing))
+        while len(self.samples) > 1 and self.samples[0][0] <= t - self.look_back:
+            self.samples.popleft()
+        mean_ongoing = sum(o for _, o in self.samples) / len(self.samples)
+        desired = config.desired(mean_ongoing, self.ordered)
+        if desired > self.ordered:
+            self.counter = max(self.counter, 0) + 1
+            act = self.counter > self.up_after
+        elif desired < self.ordered:
+            self.counter = min(self.counter, 0) - 1
+            act = -self.counter > self.down_after
+        else:
+            self.counter, act = 0, False
+        if act:
+            self.counter = 0
+            if desired > self.ordered:
+                cancel = min(self.retiring, desired - self.ordered)  # replicas not yet gone simply stay
+                self.retiring -= cancel
+                for _ in range(desired - self.ordered - cancel):
+                    heapq.heappush(state.free_at, t + self.startup)
+            else:
+                self.retiring += self.ordered - desired
+            self.ordered = desired
+            self.changes.append((t, self.ordered))
+        self.log[0].append(t)
+        self.log[1].append(self.ordered)
+        self.log[2].append(ongoing)
+        self.control_t += self.interval
+        self.steps += 1

@@ -10,9 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from infergraph_lite.core.metrics import LatencySummary, PerRequestTimes
+from infergraph_lite.core.metrics import LatencySummary, PerRequestTimes, busy_fraction
 from infergraph_lite.core.stage import Exponential, prepare_stages, service_time_fn
-from infergraph_lite.simulation.queue import UnstableLoadError, arrival_times, check_warmup, serve_queue
+from infergraph_lite.simulation.queue import (
+    UnstableLoadError,
+    arrival_times,
+    check_warmup,
+    is_deterministic,
+    serve_queue,
+)
 
 __all__ = ["GraphResult", "StageStats", "simulate_graph"]
 
@@ -40,16 +46,6 @@ class StageStats(PerRequestTimes):
     batches_size: np.ndarray
     batches_start: np.ndarray
     batches_end: np.ndarray
-
-    @property
-    def mean_wait(self) -> float:
-        """Mean time a request waited in this stage's queue (including a batch window)."""
-        return float(self.queue_times.mean())
-
-    @property
-    def mean_service(self) -> float:
-        """Mean service time of the batch a request rode in."""
-        return float(self.service_times.mean())
 
 
 @dataclass(frozen=True)
@@ -160,11 +156,10 @@ def simulate_graph(
     for name in plan.nodes:  # in the order the stages were given
         arrive, start, finish, size, b_size, b_start, b_end = served[name]
         replicas = plan.nodes[name][0].replicas
-        busy = float(np.sum(np.clip(b_end, window_start, window_end) - np.clip(b_start, window_start, window_end)))
         stats[name] = StageStats(
             name=name, arrival=arrive[skip:], start=start[skip:], finish=finish[skip:], batch_size=size[skip:],
             replicas=replicas, capacity=capacities[name], offered_load=float(loads[name]),
-            utilization=float(busy / (replicas * span)) if span > 0 else 1.0,
+            utilization=busy_fraction(b_start, b_end, replicas, window_start, window_end),
             batches_size=b_size, batches_start=b_start, batches_end=b_end,
         )
     return GraphResult(
@@ -185,7 +180,7 @@ def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator) -> tu
     order = None if in_order else np.argsort(arrive, kind="stable")
     times = arrive if order is None else arrive[order]
     service, policy, replicas = stage.service_time, stage.policy(), stage.replicas
-    deterministic = not callable(service) and not isinstance(service, Exponential)
+    deterministic = is_deterministic(service)
     fifo = policy.controller is None and policy.cap == 1
     if fifo and replicas == 1 and isinstance(service, Exponential):
         starts, ends = _fifo_varying(times, rng.exponential(service.mean, n))

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count, check_number
-from infergraph_lite.core.metrics import PerRequestTimes
+from infergraph_lite.core.arguments import check_count, check_fraction, check_int, check_number
+from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.core.stage import Exponential, ServiceTime, capacity, service_time_fn
 
-__all__ = ["BatchingResult", "UnstableLoadError", "arrival_times", "check_arrivals", "check_warmup", "serve_queue",
-           "simulate_batching"]
+__all__ = ["BatchHook", "BatchingResult", "QueueState", "UnstableLoadError", "arrival_times", "batch_by_batch",
+           "check_arrivals", "check_warmup", "is_deterministic", "serve_queue", "simulate_batching"]
 
 
 class UnstableLoadError(ValueError):
@@ -116,8 +116,7 @@ def simulate_batching(
             f"(replicas * best b/s(b)): offered load {offered:.3f}, the queue grows without bound. "
             "Lower the rate, raise max_batch_size or replicas, or pass allow_unstable=True to measure saturation."
         )
-    deterministic = not callable(service_time) and not isinstance(service_time, Exponential)
-    firsts, starts, ends, caps = serve_queue(times, s, policy, replicas, deterministic)
+    firsts, starts, ends, caps = serve_queue(times, s, policy, replicas, is_deterministic(service_time))
 
     n = len(times)
     sizes = np.diff(np.append(firsts, n))
@@ -127,8 +126,6 @@ def simulate_batching(
     skip = int(warmup * n)
     window_start = end_per[:skip].max() if skip else times[0]
     window_end = end_per[skip:].max()
-    measured_batches = firsts >= skip
-    busy = float(np.sum(ends[measured_batches] - starts[measured_batches]))
     span = window_end - window_start
     return BatchingResult(
         arrival=times[skip:],
@@ -136,7 +133,7 @@ def simulate_batching(
         finish=end_per[skip:],
         batch_size=size_per[skip:],
         throughput=float((n - skip) / span) if span > 0 else math.inf,
-        utilization=float(busy / (replicas * span)) if span > 0 else 1.0,
+        utilization=busy_fraction(starts, ends, replicas, window_start, window_end),
         offered_load=float(offered),
         batches_first=firsts,
         batches_size=sizes,
@@ -147,8 +144,7 @@ def simulate_batching(
 
 
 def check_warmup(warmup: object) -> None:
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not (0 <= warmup < 1):
-        raise ValueError(f"warmup must be a fraction in [0, 1), got {warmup!r}")
+    check_fraction("warmup", warmup, allow_zero=True)
 
 
 def arrival_times(
@@ -157,8 +153,7 @@ def arrival_times(
     # The simulators' arrivals: Poisson at arrival_rate (seeded), or a given trace and its mean rate.
     if arrivals is None:
         rate = check_number("arrival_rate", arrival_rate)
-        if isinstance(n_requests, bool) or not isinstance(n_requests, (int, np.integer)) or n_requests < 2:
-            raise ValueError(f"n_requests must be an integer >= 2, got {n_requests!r}")
+        n_requests = check_int("n_requests", n_requests, minimum=2)  # type: ignore[assignment]
         return np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum(), rate
     times = check_arrivals(arrivals)
     return times, (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf
@@ -180,6 +175,19 @@ def check_arrivals(arrivals: Sequence[float] | np.ndarray) -> np.ndarray:
     return times
 
 
+def is_deterministic(service_time: ServiceTime) -> bool:
+    """Whether a service-time spec always gives the same time for the same batch size.
+
+    A number or ``(alpha, beta)`` is; a callable (it may draw) and an
+    :class:`~infergraph_lite.core.stage.Exponential` are not.  The simulators then compute each batch size's
+    time once.
+
+    >>> is_deterministic((2.0, 0.15)), is_deterministic(Exponential(1.0)), is_deterministic(lambda b: 1.0)
+    (True, False, False)
+    """
+    return not callable(service_time) and not isinstance(service_time, Exponential)
+
+
 def serve_queue(
     times: np.ndarray,
     s: Callable[[int], float],
@@ -193,7 +201,9 @@ def serve_queue(
     index of its first request, its start, its end, and the policy's cap when
     it formed (-1 for none).  ``s(b)`` is a batch's service time;
     ``deterministic`` says it always returns the same time for the same ``b``
-    (then each size is computed once).  This is the simulator's core.
+    (then each size is computed once).  This is the simulator's core: one
+    server and batches of one take a vectorised path, everything else
+    :func:`batch_by_batch`.
 
     >>> firsts, starts, ends, caps = serve_queue(np.array([0.0, 0.1, 0.2, 5.0]), lambda b: 1.0, BatchPolicy(None))
     >>> firsts.tolist(), starts.tolist(), ends.tolist()
@@ -202,7 +212,7 @@ def serve_queue(
     if policy.controller is None and policy.cap == 1 and replicas == 1 and deterministic:
         firsts, starts, ends = _fifo_vectorised(times, s(1))
         return firsts, starts, ends, np.ones(len(firsts), dtype=int)
-    return _batch_by_batch(times, s, policy, replicas, deterministic)
+    return batch_by_batch(times, s, policy, replicas, deterministic)
 
 
 def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -214,29 +224,68 @@ def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.
     return index, ends - service, ends
 
 
-def _batch_by_batch(
+@dataclass
+class QueueState:
+    """What a :data:`BatchHook` sees of :func:`batch_by_batch`'s loop, and may change.
+
+    ``free_at`` is a heap (:mod:`heapq`) of the times each server is next free; a hook adds a server by
+    pushing the time it can start, and removes the one free first by popping it.  ``first``, ``start`` and
+    ``end`` list the batches placed so far (the index of each one's oldest request, its start and its end);
+    a hook only reads them.
+    """
+
+    free_at: list[float]
+    first: list[int]
+    start: list[float]
+    end: list[float]
+
+
+BatchHook = Callable[[float, int, QueueState], bool]
+"""``hook(start, next_request, state) -> changed``, called before each batch is placed.
+
+``start`` is when the next batch would start on the server free first (``state.free_at[0]``),
+``next_request`` the index of its oldest request (= requests placed so far).  The hook may change the
+fleet in ``state.free_at``; it returns True when it did (the loop then works the start out again), False
+to let the batch start.
+"""
+
+
+def batch_by_batch(
     times: np.ndarray,
     s: Callable[[int], float],
     policy: BatchPolicy,
-    replicas: int,
-    deterministic: bool,
+    replicas: int = 1,
+    deterministic: bool = True,
+    on_batch_start: BatchHook | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    # The general case: one loop iteration per batch.  Arrival times are known up front, so the next
-    # batch's start comes from the policy in closed form and its size from one binary search.
+    """The simulator's batch loop: one iteration per batch, on ``replicas`` servers sharing one queue.
+
+    Arguments and result as :func:`serve_queue`.  Arrival times are known up front, so the next batch's start
+    comes from the policy in closed form (on the server free first) and its size from one binary search.
+    ``on_batch_start`` (a :data:`BatchHook`) may change the number of servers before each batch: the
+    autoscaler (:func:`~infergraph_lite.simulation.autoscale.simulate_autoscaling`) drives this loop with it.
+
+    Two servers, greedy batches of up to 2: the second server takes request 1 while the first is busy, and
+    request 2 waits for the first to be free:
+
+    >>> firsts, starts, ends, caps = batch_by_batch(np.array([0.0, 0.1, 0.2, 5.0]), lambda b: 1.0,
+    ...                                             BatchPolicy(2), replicas=2)
+    >>> firsts.tolist(), starts.tolist(), ends.tolist()
+    ([0, 1, 2, 3], [0.0, 0.1, 1.0, 5.0], [1.0, 1.1, 2.0, 6.0])
+    """
     n = len(times)
     arrival_list = times.tolist()  # bisect on a list is several times faster than np.searchsorted per call
     service_of: dict[int, float] = {}
-    free_at = [0.0] * replicas  # a heap of the times each server becomes free
-    batch_first: list[int] = []
-    batch_start: list[float] = []
-    batch_end: list[float] = []
+    state = QueueState([0.0] * replicas, [], [], [])
+    free_at, batch_first, batch_start, batch_end = state.free_at, state.first, state.start, state.end
     batch_cap: list[int] = []
     i = 0
     while i < n:
         cap = policy.cap
-        free = heapq.heappop(free_at)
         full_at = arrival_list[i + cap - 1] if cap is not None and i + cap - 1 < n else math.inf
-        start = policy.start_time(free, arrival_list[i], full_at)
+        start = policy.start_time(free_at[0], arrival_list[i], full_at)
+        if on_batch_start is not None and on_batch_start(start, i, state):
+            continue
         size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
         if deterministic:
             duration = service_of.get(size)
@@ -249,6 +298,6 @@ def _batch_by_batch(
         batch_start.append(start)
         batch_end.append(start + duration)
         batch_cap.append(-1 if cap is None else cap)
-        heapq.heappush(free_at, start + duration)
+        heapq.heapreplace(free_at, start + duration)  # the server free first takes the batch
         i += size
     return np.array(batch_first), np.array(batch_start), np.array(batch_end), np.array(batch_cap)

@@ -20,6 +20,8 @@ import statistics
 
 import numpy as np
 
+from infergraph_lite.core.arguments import check_count, check_int
+
 __all__ = [
     "batch_means_interval",
     "fork_join_mean_latency",
@@ -121,9 +123,7 @@ def t_quantile(confidence: float, df: int) -> float:
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    if isinstance(df, bool) or not isinstance(df, (int, np.integer)) or df < 1:
-        raise ValueError(f"df must be an integer >= 1, got {df!r}")
-    df = int(df)
+    df = check_count("df", df)
     if df > 1000:  # the sums below get long: Cornish-Fisher's expansion around the normal quantile (A&S 26.7.5)
         z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
         return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
@@ -170,8 +170,7 @@ def batch_means_interval(samples: np.ndarray, n_batches: int = 20, confidence: f
     (499.5, True)
     """
     samples = np.asarray(samples, dtype=float)
-    if isinstance(n_batches, bool) or not isinstance(n_batches, (int, np.integer)) or n_batches < 2:
-        raise ValueError(f"n_batches must be an integer >= 2, got {n_batches!r}")
+    n_batches = check_int("n_batches", n_batches, minimum=2)
     if len(samples) < n_batches:
         raise ValueError(f"need at least n_batches={n_batches} samples, got {len(samples)}")
     usable = len(samples) - len(samples) % n_batches
@@ -199,8 +198,7 @@ def mmc_mean_latency(arrival_rate: float, mean_service: float, servers: int = 1)
     >>> round(mmc_mean_latency(1.0, 1.0, 1), 6), round(mmc_mean_latency(1.6, 1.0, 2), 4)
     (inf, 2.7778)
     """
-    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
-        raise ValueError(f"servers must be an integer >= 1, got {servers!r}")
+    servers = check_count("servers", servers)
     if arrival_rate <= 0 or mean_service <= 0:
         raise ValueError("arrival_rate and mean_service must be > 0")
     offered = arrival_rate * mean_service  # in servers' worth of work, a = lambda / mu
@@ -245,8 +243,7 @@ def fork_join_mean_latency(arrival_rate: float, mean_service: float, branches: i
     >>> round(fork_join_mean_latency(0.5, 1.0, 2), 4)   # (12 - 0.5) / 8 / (1 - 0.5)
     2.875
     """
-    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
-        raise ValueError(f"branches must be an integer >= 1, got {branches!r}")
+    branches = check_count("branches", branches)
     rho = arrival_rate * mean_service
     if not 0 < rho < 1:
         raise ValueError(f"load rho = arrival_rate * mean_service must be in (0, 1), got {rho!r}")
