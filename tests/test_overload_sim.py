@@ -1,5 +1,5 @@
 """Overload shed, not queued, in the simulator: a queue limit (Triton's max_queue_size) and a per-request
-timeout (default_timeout_microseconds, REJECT), checked against exact queueing formulas and against a plain
+queue_timeout (default_timeout_microseconds, REJECT), checked against exact queueing formulas and against a plain
 event-by-event reference."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_one_exponential_server_with_k_waiting_is_mm1_k_plus_1(rho, waiting):
 
 @pytest.mark.parametrize(("rho", "patience"), [(0.7, 1.0), (1.5, 0.5), (1.5, 3.0)])
 def test_timeout_matches_mm1_with_deterministic_patience(rho, patience):
-    r = simulate_batching(rho, Exponential(1.0), timeout=patience, n_requests=200_000, seed=4)
+    r = simulate_batching(rho, Exponential(1.0), queue_timeout=patience, n_requests=200_000, seed=4)
     assert r.timed_out.mean() == pytest.approx(mm1_deterministic_patience(rho, patience), rel=0.03)
     assert not r.refused.any()
     served = ~r.timed_out
@@ -103,9 +103,8 @@ def test_batch_loop_sheds_as_the_event_by_event_reference(case):
         return 1.0 + 0.3 * b
 
     outcome = np.zeros(n, dtype=np.int8)
-    firsts, starts, _, _ = batch_by_batch(times, service, BatchPolicy(cap, max_wait), replicas,
-                                          max_queue_size=limit, timeout=None if math.isinf(patience) else patience,
-                                          outcome=outcome)
+    firsts, starts, _, _ = batch_by_batch(times, service, BatchPolicy(cap, max_wait), replicas, max_queue_size=limit,
+                                          queue_timeout=None if math.isinf(patience) else patience, outcome=outcome)
     expected_outcome, expected_start = reference(times, service, cap, max_wait, replicas, limit, patience)
     assert outcome.tolist() == expected_outcome.tolist()
     served = np.flatnonzero(outcome == SERVED)
@@ -118,7 +117,7 @@ def test_no_limit_is_the_unlimited_run():
     kwargs = dict(arrival_rate=3.0, service_time=(1.0, 0.2), max_batch_size=8, max_wait=0.5, replicas=2,
                   n_requests=20_000)
     plain = simulate_batching(**kwargs)
-    huge = simulate_batching(**kwargs, max_queue_size=10**9, timeout=1e18)
+    huge = simulate_batching(**kwargs, max_queue_size=10**9, queue_timeout=1e18)
     np.testing.assert_array_equal(plain.finish, huge.finish)
     np.testing.assert_array_equal(plain.batches_size, huge.batches_size)
     assert plain.throughput == huge.throughput and plain.mean_latency == huge.mean_latency
@@ -138,7 +137,7 @@ def test_goodput_and_dropped_fraction():
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"max_queue_size": 0}, "max_queue_size"),
                                                   ({"max_queue_size": 1.5}, "max_queue_size"),
-                                                  ({"timeout": -1.0}, "timeout")])
+                                                  ({"queue_timeout": -1.0}, "queue_timeout")])
 def test_bad_shedding_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         simulate_batching(0.5, 1.0, n_requests=100, **kwargs)
@@ -161,7 +160,7 @@ def test_graph_stage_honours_max_queue_size():
               "b": (Stage(service_time=Exponential(0.8), max_queue_size=2), ["a"]),
               "c": (Stage(service_time=0.5), ["request"]),
               "d": (Stage(service_time=(0.2, 0.1), max_batch_size=8), ["b", "c"])}
-    r = simulate_graph(tandem, 1.5, n_requests=20_000, timeouts={"d": 0.3})
+    r = simulate_graph(tandem, 1.5, n_requests=20_000, queue_timeouts={"d": 0.3})
     b, d = r.stages["b"], r.stages["d"]
     assert b.refused.any() and not r.stages["a"].refused.any()
     np.testing.assert_array_equal(r.refused, b.refused)  # only b refuses
@@ -170,4 +169,4 @@ def test_graph_stage_honours_max_queue_size():
     assert np.isnan(r.finish[r.refused | r.timed_out]).all()
     assert len(r.latencies) == np.count_nonzero(~(r.refused | r.timed_out))
     with pytest.raises(ValueError, match="'x'"):
-        simulate_graph(tandem, 1.5, n_requests=100, timeouts={"x": 1.0})
+        simulate_graph(tandem, 1.5, n_requests=100, queue_timeouts={"x": 1.0})

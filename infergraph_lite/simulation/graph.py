@@ -38,7 +38,7 @@ class StageStats(PerRequestTimes):
     ``start`` and ``finish`` when its batch started and ended here.  The
     ``batches_*`` arrays describe every batch of the whole run in the order
     batches started.  A request shed before this stage has NaN here; ``refused`` and ``timed_out`` mark the
-    requests this stage itself shed (its ``max_queue_size``, its timeout), with NaN start and finish.
+    requests this stage itself shed (its ``max_queue_size``, its queue_timeout), with NaN start and finish.
     """
 
     name: str
@@ -100,7 +100,7 @@ def simulate_graph(
     inputs: Iterable[str] = ("request",),
     arrivals: Sequence[float] | np.ndarray | None = None,
     allow_unstable: bool = False,
-    timeouts: Mapping[str, float] | None = None,
+    queue_timeouts: Mapping[str, float] | None = None,
 ) -> GraphResult:
     """Simulate a graph of :class:`~infergraph_lite.core.stage.Stage` s under Poisson (or given) arrivals.
 
@@ -125,7 +125,7 @@ def simulate_graph(
     (:class:`UnstableLoadError`) unless ``allow_unstable=True``.
 
     A stage with a ``max_queue_size`` sheds load as :func:`simulate_batching` does (K requests may wait;
-    an arrival finding K waiting is refused), and ``timeouts={stage: D}`` drops a request still waiting at
+    an arrival finding K waiting is refused), and ``queue_timeouts={stage: D}`` drops a request still waiting at
     that stage D after it got there (Triton's ``default_timeout_microseconds`` per model); such a stage is
     never unstable.  A shed request goes no further: ``refused``/``timed_out`` on the result say which.
 
@@ -141,16 +141,16 @@ def simulate_graph(
     """
     plan = prepare_stages(stages, inputs, need="service_time")
     check_warmup(warmup)
-    timeouts = dict(timeouts or {})
-    for name, value in timeouts.items():
+    queue_timeouts = dict(queue_timeouts or {})
+    for name, value in queue_timeouts.items():
         if name not in plan.nodes:
-            raise ValueError(f"timeouts names {name!r}, which is not a stage (stages: {', '.join(plan.order)})")
-        check_number(f"timeouts[{name!r}]", value, positive=False)
+            raise ValueError(f"queue_timeouts names {name!r}, which is not a stage (stages: {', '.join(plan.order)})")
+        check_number(f"queue_timeouts[{name!r}]", value, positive=False)
     times, rate = arrival_times(arrival_rate, n_requests, seed, arrivals)
 
     capacities = {name: plan.nodes[name][0].capacity() for name in plan.order}
     loads = {name: rate / cap if cap > 0 else math.inf for name, cap in capacities.items()}
-    sheds = {name for name in plan.order if plan.nodes[name][0].max_queue_size is not None or name in timeouts}
+    sheds = {name for name in plan.order if plan.nodes[name][0].max_queue_size is not None or name in queue_timeouts}
     unstable = sorted((name for name in plan.order if loads[name] >= 1 and name not in sheds),
                       key=lambda name: -loads[name])
     if unstable and not allow_unstable:
@@ -170,7 +170,7 @@ def simulate_graph(
         sources = [served[d][2] if d in plan.nodes else times for d in dict.fromkeys(deps)] or [times]
         arrive = sources[0] if len(sources) == 1 else np.maximum.reduce(sources)
         rng = np.random.default_rng([seed, 1 + position[name]])
-        served[name] = (arrive, *_serve_stage(arrive, stage, rng, timeouts.get(name)))
+        served[name] = (arrive, *_serve_stage(arrive, stage, rng, queue_timeouts.get(name)))
 
     sinks = tuple(name for name in plan.order if not plan.dependents[name])
     done = served[sinks[0]][2] if len(sinks) == 1 else np.maximum.reduce([served[s][2] for s in sinks])
@@ -205,13 +205,13 @@ def simulate_graph(
 
 
 def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
-                 timeout: float | None = None) -> tuple[np.ndarray, ...]:
+                 queue_timeout: float | None = None) -> tuple[np.ndarray, ...]:
     # Serve one stage's queue: sort its arrivals (stable, so simultaneous ones keep request order), run the
     # shared core, and map each request's start and finish back to request order.  Returns per request
     # (start, finish, batch size) and per batch (size, start, end), then the per-request outcome (SERVED,
     # REFUSED, TIMED_OUT; a request shed upstream, NaN here, stays SERVED here and NaN).
-    if stage.max_queue_size is not None or timeout is not None or np.isnan(arrive).any():
-        return _serve_shedding(arrive, stage, rng, timeout)
+    if stage.max_queue_size is not None or queue_timeout is not None or np.isnan(arrive).any():
+        return _serve_shedding(arrive, stage, rng, queue_timeout)
     n = len(arrive)
     in_order = bool(np.all(arrive[1:] >= arrive[:-1]))
     order = None if in_order else np.argsort(arrive, kind="stable")
@@ -246,7 +246,7 @@ def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
 
 
 def _serve_shedding(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
-                    timeout: float | None) -> tuple[np.ndarray, ...]:
+                    queue_timeout: float | None) -> tuple[np.ndarray, ...]:
     # A stage that sheds load, or whose arrivals lack the requests shed upstream (NaN): the batch loop
     # serves the requests that reached it, in arrival order, and marks those it refuses or times out.
     reached = np.flatnonzero(~np.isnan(arrive))
@@ -259,7 +259,7 @@ def _serve_shedding(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
     s = service_time_fn(stage.service_time, rng, allow_zero=True)
     shed = np.zeros(len(order), dtype=np.int8)
     firsts, starts, ends, _ = serve_queue(arrive[order], s, stage.policy(), stage.replicas,
-                                          is_deterministic(stage.service_time), stage.max_queue_size, timeout,
+                                          is_deterministic(stage.service_time), stage.max_queue_size, queue_timeout,
                                           shed)
     start[order], finish[order], size[order], b_size = spread_batches(shed == SERVED, firsts, starts, ends)
     outcome[order] = shed

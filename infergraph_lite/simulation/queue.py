@@ -74,7 +74,7 @@ class BatchingResult(PerRequestTimes, SheddingSummary):
     first (oldest) request in the full arrival sequence, its size, start and
     end, and the cap the policy had when it formed (an AIMD's moves).
 
-    Under ``max_queue_size`` or ``timeout`` some requests are never served: ``refused`` (the queue was full
+    Under ``max_queue_size`` or ``queue_timeout`` some requests are never served: ``refused`` (the queue was full
     when it arrived) and ``timed_out`` (still waiting at its deadline) mark them, and their ``start`` and
     ``finish`` are NaN and ``batch_size`` 0.  Every latency summary (``latencies``, ``mean_latency``,
     ``percentile``) and ``throughput`` count the answered requests only; ``dropped_fraction`` and
@@ -109,7 +109,7 @@ def simulate_batching(
     arrivals: Sequence[float] | np.ndarray | None = None,
     allow_unstable: bool = False,
     max_queue_size: int | None = None,
-    timeout: float | None = None,
+    queue_timeout: float | None = None,
 ) -> BatchingResult:
     """Simulate a dynamic-batching server under Poisson (or given) arrivals.
 
@@ -130,7 +130,7 @@ def simulate_batching(
     saturated throughput.
 
     Overload can be shed instead of queued, as Triton's ``default_queue_policy`` does: ``max_queue_size=K``
-    refuses an arrival that finds K requests waiting (those being served do not count), ``timeout=D`` drops
+    refuses an arrival that finds K requests waiting (those being served do not count), ``queue_timeout=D`` drops
     a request still waiting D after it arrived (``default_timeout_microseconds``, ``timeout_action:
     REJECT``).  Either keeps the queue bounded, so any arrival rate is allowed.  One exponential server
     with K = 4 waiting is M/M/1/5, whose blocking probability at load 2 is (1 - 2) 2^5 / (1 - 2^6) = 0.508:
@@ -154,10 +154,10 @@ def simulate_batching(
     times, rate = arrival_times(arrival_rate, n_requests, seed, arrivals)
     cap = capacity(service_time, policy.largest_cap, replicas)
     offered = rate / cap
-    shedding = max_queue_size is not None or timeout is not None
+    shedding = max_queue_size is not None or queue_timeout is not None
     if shedding:
         max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
-        timeout = None if timeout is None else check_number("timeout", timeout, positive=False)
+        queue_timeout = None if queue_timeout is None else check_number("queue_timeout", queue_timeout, positive=False)
     if offered >= 1 and not allow_unstable and not shedding:
         raise UnstableLoadError(
             f"arrival rate {rate:.4g} is at or above the capacity {cap:.4g} "
@@ -167,7 +167,7 @@ def simulate_batching(
     n = len(times)
     outcome = np.zeros(n, dtype=np.int8) if shedding else None
     firsts, starts, ends, caps = serve_queue(times, s, policy, replicas, is_deterministic(service_time),
-                                             max_queue_size, timeout, outcome)
+                                             max_queue_size, queue_timeout, outcome)
     if outcome is None:
         sizes = np.diff(np.append(firsts, n))
         start_per = np.repeat(starts, sizes)
@@ -273,7 +273,7 @@ def serve_queue(
     replicas: int = 1,
     deterministic: bool = True,
     max_queue_size: int | None = None,
-    timeout: float | None = None,
+    queue_timeout: float | None = None,
     outcome: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Serve sorted arrival ``times`` from one queue with ``replicas`` servers under ``policy``.
@@ -284,18 +284,18 @@ def serve_queue(
     ``deterministic`` says it always returns the same time for the same ``b``
     (then each size is computed once).  This is the simulator's core: one
     server and batches of one take a vectorised path, everything else
-    :func:`batch_by_batch` (also whenever ``max_queue_size`` or ``timeout`` sheds load: see there).
+    :func:`batch_by_batch` (also whenever ``max_queue_size`` or ``queue_timeout`` sheds load: see there).
 
     >>> firsts, starts, ends, caps = serve_queue(np.array([0.0, 0.1, 0.2, 5.0]), lambda b: 1.0, BatchPolicy(None))
     >>> firsts.tolist(), starts.tolist(), ends.tolist()
     ([0, 1, 3], [0.0, 1.0, 5.0], [1.0, 2.0, 6.0])
     """
-    shedding = max_queue_size is not None or timeout is not None
+    shedding = max_queue_size is not None or queue_timeout is not None
     if policy.controller is None and policy.cap == 1 and replicas == 1 and deterministic and not shedding:
         firsts, starts, ends = _fifo_vectorised(times, s(1))
         return firsts, starts, ends, np.ones(len(firsts), dtype=int)
     return batch_by_batch(times, s, policy, replicas, deterministic, max_queue_size=max_queue_size,
-                          timeout=timeout, outcome=outcome)
+                          queue_timeout=queue_timeout, outcome=outcome)
 
 
 def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -345,7 +345,7 @@ def batch_by_batch(
     deterministic: bool = True,
     on_batch_start: BatchHook | None = None,
     max_queue_size: int | None = None,
-    timeout: float | None = None,
+    queue_timeout: float | None = None,
     outcome: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The simulator's batch loop: one iteration per batch, on ``replicas`` servers sharing one queue.
@@ -356,7 +356,7 @@ def batch_by_batch(
     autoscaler (:func:`~infergraph_lite.simulation.autoscale.simulate_autoscaling`) drives this loop with it.
 
     Overload, as Triton's ``default_queue_policy`` sheds it: with ``max_queue_size=K`` an arrival that finds
-    K requests *waiting* (not counting those being served) is refused; with ``timeout=D`` a request still
+    K requests *waiting* (not counting those being served) is refused; with ``queue_timeout=D`` a request still
     waiting D after its arrival is dropped at that moment (Triton's ``default_timeout_microseconds`` with
     ``timeout_action: REJECT``; a request whose batch starts by then is served).  Either needs ``outcome``,
     an int8 array of ``len(times)`` zeros (:data:`SERVED`) in which the loop marks each :data:`REFUSED` and
@@ -387,12 +387,12 @@ def batch_by_batch(
     state = QueueState([0.0] * replicas, [], [], [])
     free_at, batch_first, batch_start, batch_end = state.free_at, state.first, state.start, state.end
     batch_cap: list[int] = []
-    shedding = max_queue_size is not None or timeout is not None
+    shedding = max_queue_size is not None or queue_timeout is not None
     if shedding:
         if outcome is None or outcome.shape != (n,):
-            raise ValueError("max_queue_size or timeout needs outcome, an int8 array with one entry per arrival")
+            raise ValueError("max_queue_size or queue_timeout needs outcome, an int8 array with one entry per arrival")
         limit = n if max_queue_size is None else check_count("max_queue_size", max_queue_size)
-        patience = math.inf if timeout is None else check_number("timeout", timeout, positive=False)
+        patience = math.inf if queue_timeout is None else check_number("queue_timeout", queue_timeout, positive=False)
     waiting: list[int] = []  # shedding: admitted requests in arrival order; those from `head` on still wait
     head = decided = 0       # shedding: the oldest waiting request's place in `waiting`; arrivals decided so far
 
