@@ -11,7 +11,7 @@ PIP    := $(BIN)/python -m pip --quiet --disable-pip-version-check
 NOTEBOOK_DIRS := $(wildcard notebooks exercises solutions)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 
-.PHONY: lab test bench lint notebooks exercises clean
+.PHONY: lab test stress bench lint notebooks exercises clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), f"infergraph needs Python 3.10 or newer, found {sys.version.split()[0]}"'
@@ -28,6 +28,11 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(NBVAL) tests infergraph_lite $(NOTEBOOK_DIRS)
+
+# Every notebook with live measurements three times beside a CPU-bound process pinned to one core (a busy laptop).
+# STRESS_ARGS=--fresh-clone also runs a fresh clone's `make test` with that process running.
+stress: $(STAMP)
+	$(BIN)/python tools/stress_check.py --runs 3 --burners 1 $(STRESS_ARGS)
 
 bench: $(STAMP)
 	@for script in benchmarks/bench_*.py; do $(BIN)/python $$script || exit 1; done

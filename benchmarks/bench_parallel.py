@@ -28,7 +28,15 @@ import numpy as np
 from _timing import best_of, machine, table, verdict
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from infergraph_lite import critical_path, measure_node_durations, prepare, run_graph, run_graph_parallel
+from infergraph_lite import (
+    critical_path,
+    measure_node_durations,
+    prepare,
+    run_graph,
+    run_graph_parallel,
+    run_plan,
+    run_plan_parallel,
+)
 
 
 def layered(width: int, depth: int, work) -> dict:
@@ -71,9 +79,9 @@ def main() -> None:
     def run(blas_threads: int, workers: int) -> None:
         with threadpool_limits(limits=blas_threads, user_api="blas"):
             if workers == 1:
-                plan.run({"x": 0})
+                run_plan(plan, {"x": 0})
             else:
-                plan.run_parallel({"x": 0}, max_workers=workers)
+                run_plan_parallel(plan, {"x": 0}, max_workers=workers)
 
     with threadpool_limits(limits=1, user_api="blas"):
         durations = measure_node_durations(plan, {"x": 0}, repeats=3)

@@ -6,8 +6,17 @@ bottom ``--runs`` times in fresh kernels (outputs are not saved), and stops the
 burner by its own PID, also when a run fails or is interrupted.  A notebook
 passes a run when every cell ran, i.e. every ``expect(...)`` claim held.
 
-    python tools/stress_check.py notebooks/03_parallel_execution.ipynb           # 3 runs, 1 burner
+    python tools/stress_check.py                       # every notebook with live measurements, 3 runs, 1 burner
+    python tools/stress_check.py notebooks/03_parallel_execution.ipynb
     python tools/stress_check.py --runs 3 --burners 1 notebooks/0[123]*.ipynb
+    python tools/stress_check.py --fresh-clone         # then also `make test` in a fresh clone, burner running
+    python tools/stress_check.py --fresh-clone --venv .venv --runs 0   # only the clone, reusing a built venv
+
+A notebook has live measurements when one of its cells is tagged ``nbval-ignore-output`` (timings, real
+servers); with no paths given those in ``notebooks/`` are run.  ``--fresh-clone`` clones this repository's
+committed ``HEAD`` into a temporary folder and runs its ``make test`` while the burner(s) spin: the whole of CI
+on a busy laptop.  It bootstraps its own ``.venv`` (minutes) unless ``--venv`` names a built one, whose
+interpreter then runs the clone's tests with the clone first on ``PYTHONPATH`` (the venv is not modified).
 
 Prints one line per notebook and run, and exits 1 if any run failed.
 """
@@ -16,17 +25,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The burner stops by itself after this many seconds, even if this script is killed before it can stop it.
 BURNER = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
@@ -66,16 +80,54 @@ def run_notebook(path: Path, timeout: int) -> tuple[bool, float, str]:
     return True, time.perf_counter() - started, ""
 
 
+def live_notebooks(folder: Path) -> list[Path]:
+    """The notebooks in ``folder`` with at least one cell tagged ``nbval-ignore-output`` (live measurements)."""
+    found = []
+    for path in sorted(folder.glob("*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        if any("nbval-ignore-output" in c.get("metadata", {}).get("tags", []) for c in cells):
+            found.append(path)
+    return found
+
+
+def fresh_clone_make_test(venv: Path | None) -> tuple[bool, float, str]:
+    """``git clone`` this repository's HEAD into a temporary folder and run its ``make test``; (passed, s, tail)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="infergraph-clone-") as tmp:
+        clone = Path(tmp) / "infergraph"
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        command, env = ["make", "test"], dict(os.environ)
+        if venv is not None:
+            # Reuse a built venv without touching it: its bin/ runs the tests, its stamp is taken as up to date,
+            # and the clone's package comes first on the path (the venv's editable install may point elsewhere).
+            venv = venv.resolve()
+            command += [f"BIN={venv / 'bin'}", "-o", ".venv/.installed"]
+            env["PYTHONPATH"] = str(clone)
+        done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True)
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        if venv is None:
+            shutil.rmtree(clone / ".venv", ignore_errors=True)
+    return done.returncode == 0, time.perf_counter() - started, tail
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="default: every notebook in notebooks/ with live measurements")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--burners", type=int, default=1, help="CPU-bound processes, pinned to cores 0, 1, ...")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    parser.add_argument("--fresh-clone", action="store_true", help="then run a fresh clone's `make test` as well")
+    parser.add_argument("--venv", type=Path, help="with --fresh-clone: a built venv to reuse instead of bootstrapping")
     args = parser.parse_args(argv)
+    if args.runs < 0 or args.burners < 0:
+        parser.error(f"--runs and --burners must be >= 0, got --runs {args.runs} --burners {args.burners}")
+    if args.venv is not None and not (args.venv / "bin" / "python").exists():
+        parser.error(f"--venv {args.venv} has no bin/python")
+    args.notebooks = args.notebooks or live_notebooks(ROOT / "notebooks")
 
     cores = os.cpu_count() or 1
-    limit = 60.0 + args.runs * len(args.notebooks) * 120.0
+    limit = 60.0 + args.runs * len(args.notebooks) * 120.0 + (3600.0 if args.fresh_clone else 0.0)
     burners = [start_burner(limit, core=i % cores) for i in range(args.burners)]
     print(f"{args.burners} CPU burner(s) started (PID {', '.join(str(b.pid) for b in burners)}) on {cores} cores; "
           f"{args.runs} runs of {len(args.notebooks)} notebook(s)", flush=True)
@@ -88,6 +140,10 @@ def main(argv: list[str]) -> int:
                 failures += not ok
                 verdict = "passed" if ok else f"FAILED: {error}"
                 print(f"run {run}: {path} {verdict} ({seconds:.1f} s)", flush=True)
+        if args.fresh_clone:
+            ok, seconds, tail = fresh_clone_make_test(args.venv)
+            failures += not ok
+            print(f"fresh clone, make test: {'passed' if ok else 'FAILED'} ({seconds:.0f} s)\n{tail}", flush=True)
     finally:
         for burner in burners:
             stop(burner)

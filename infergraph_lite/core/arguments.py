@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import numpy as np
 
@@ -29,6 +30,10 @@ def check_number(name: str, value: object, *, positive: bool = True) -> float:
     return float(value)
 
 
+@overload
+def check_int(name: str, value: object, *, minimum: int = ..., allow_none: Literal[False] = ...) -> int: ...
+@overload
+def check_int(name: str, value: object, *, minimum: int = ..., allow_none: bool) -> int | None: ...
 def check_int(name: str, value: object, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """Return ``value`` as an int if it is an integer >= ``minimum`` (numpy integers too, bools not);
     else a ValueError naming it.
@@ -48,6 +53,10 @@ def check_int(name: str, value: object, *, minimum: int = 1, allow_none: bool = 
     return int(value)
 
 
+@overload
+def check_count(name: str, value: object, *, allow_none: Literal[False] = ...) -> int: ...
+@overload
+def check_count(name: str, value: object, *, allow_none: bool) -> int | None: ...
 def check_count(name: str, value: object, *, allow_none: bool = False) -> int | None:
     """Return ``value`` as an int if it is an integer >= 1 (numpy integers too); else a ValueError naming it.
 
@@ -71,7 +80,7 @@ def check_non_negative_int(name: str, value: object) -> int:
     ...
     ValueError: min_replicas must be an integer >= 0, got -1
     """
-    return check_int(name, value, minimum=0)  # type: ignore[return-value]
+    return check_int(name, value, minimum=0)
 
 
 def check_fraction(name: str, value: object, *, allow_zero: bool = False) -> float:

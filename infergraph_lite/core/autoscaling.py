@@ -71,7 +71,7 @@ class AutoscalingConfig:
             raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
         if self.initial_replicas is not None:
             put("initial_replicas", check_non_negative_int("initial_replicas", self.initial_replicas))
-            if not self.min_replicas <= self.initial_replicas <= self.max_replicas:  # type: ignore[operator]
+            if not self.min_replicas <= self.initial_replicas <= self.max_replicas:
                 raise ValueError(f"initial_replicas ({self.initial_replicas}) must lie in [min_replicas, "
                                  f"max_replicas] = [{self.min_replicas}, {self.max_replicas}]")
         for name in ("target_ongoing_requests", "metrics_interval_s", "look_back_period_s"):

@@ -83,7 +83,7 @@ class AIMD:
         check_fraction("AIMD decrease", self.decrease)
         check_count("AIMD max_size", self.max_size)
         try:
-            if check_count("AIMD cap", self.cap) > self.max_size:  # type: ignore[operator]
+            if check_count("AIMD cap", self.cap) > self.max_size:
                 raise ValueError
         except ValueError:
             raise ValueError(f"AIMD cap must be an integer in [1, max_size={self.max_size}], "

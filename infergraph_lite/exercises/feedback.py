@@ -144,7 +144,7 @@ def require_count(name: str, value: object) -> int:
     infergraph_lite.exercises.feedback.WrongAnswer: replicas of 'embed' must be an integer >= 1, got 1.5
     """
     try:
-        return int(check_count(name, value))  # type: ignore[arg-type]
+        return int(check_count(name, value))
     except ValueError as err:
         raise WrongAnswer(str(err)) from None
 

@@ -289,21 +289,22 @@ class RayServeGraph:
         timeout: float = 180.0,
     ):
         self.plan: Plan = prepare_stages(stages, inputs, need="fn")  # graph errors before anything starts
-        autoscaling = {name: config.to_ray_config() if isinstance(config, AutoscalingConfig) else dict(config)
-                       for name, config in (autoscaling or {}).items()}
-        unknown = sorted(set(autoscaling) - set(self.plan.nodes))
+        ray_autoscaling: dict[str, dict[str, Any]] = {
+            name: config.to_ray_config() if isinstance(config, AutoscalingConfig) else dict(config)
+            for name, config in (autoscaling or {}).items()}
+        unknown = sorted(set(ray_autoscaling) - set(self.plan.nodes))
         if unknown:
             raise ValueError(f"autoscaling names stages the graph does not have: {unknown}")
-        replicas = sum(autoscaling[n]["max_replicas"] if n in autoscaling else stage.replicas
+        replicas = sum(ray_autoscaling[n]["max_replicas"] if n in ray_autoscaling else stage.replicas
                        for n, (stage, _) in self.plan.nodes.items())
         self.num_cpus = num_cpus
         self.num_cpus_per_replica = (num_cpus_per_replica if num_cpus_per_replica is not None
                                      else _cpu_share(num_cpus, replicas))
         # Every stage's Serve settings, each Stage field mapped or refused by name, before Ray starts.
         self.served: dict[str, ServeStage] = {
-            n: from_stage(n, stage, self.num_cpus_per_replica, autoscaling.get(n))
+            n: from_stage(n, stage, self.num_cpus_per_replica, ray_autoscaling.get(n))
             for n, (stage, _) in self.plan.nodes.items()}
-        self.autoscaling = autoscaling
+        self.autoscaling = ray_autoscaling
         self.app_name = app_name
         self.ingress_name = next(n for n in ("ingress", "_ingress", "__ingress") if n not in self.plan.nodes)
         self.timeout = timeout

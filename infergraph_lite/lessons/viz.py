@@ -22,7 +22,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from infergraph_lite.core.graph import Graph, levels
 
-__all__ = ["draw_levels", "plot_timeline", "show_source", "to_networkx"]
+__all__ = ["draw_levels", "plain_log_ticks", "plot_timeline", "show_source", "to_networkx"]
 
 
 def show_source(obj: Any) -> Any:
@@ -225,13 +225,40 @@ def draw_levels(
     handles += [Patch(facecolor=cmap(i), label=f"level {i}") for i in range(len(by_level))]
     if highlight:
         handles.append(Patch(facecolor="white", edgecolor="tab:red", linewidth=2.5, label="critical path"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(len(handles), 5),
+    # One row: a legend that wraps reads as two unrelated lists.
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=len(handles),
               fontsize=8, frameon=False)
     ax.set_title(title)
     ax.set_xlim(-0.6, len(layout.columns) - 0.4)
     tallest = max(map(len, layout.columns))
     ax.set_ylim(-(tallest - 1) / 2 - 0.75, (tallest - 1) / 2 + 0.75)
     ax.set_axis_off()
+    return ax
+
+
+def plain_log_ticks(ax: Axes, axis: str = "y") -> Axes:
+    """Label a log axis with plain numbers (20, 50, 100, 200) instead of matplotlib's ``2×10¹``.
+
+    ``axis`` is ``"x"``, ``"y"`` or ``"both"``.  Major ticks at 1, 2 and 5 times each power of ten are labelled
+    ``%g``; minor ticks stay unlabelled, so labels never crowd.
+
+    >>> _, ax = plt.subplots()
+    >>> _ = ax.semilogy([1, 2], [20, 900])
+    >>> ax = plain_log_ticks(ax)
+    >>> ax.figure.canvas.draw()
+    >>> [t.get_text() for t in ax.get_yticklabels() if t.get_text()][:4]
+    ['10', '20', '50', '100']
+    >>> plt.close(ax.figure)
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if axis not in ("x", "y", "both"):
+        raise ValueError(f"axis must be 'x', 'y' or 'both', got {axis!r}")
+    for name in ("x", "y") if axis == "both" else (axis,):
+        target = ax.xaxis if name == "x" else ax.yaxis
+        target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        target.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+        target.set_minor_formatter(NullFormatter())
     return ax
 
 

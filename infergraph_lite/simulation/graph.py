@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.arguments import check_number
-from infergraph_lite.core.metrics import LatencySummary, PerRequestTimes, busy_fraction
+from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
 from infergraph_lite.core.stage import Exponential, prepare_stages, service_time_fn
 from infergraph_lite.simulation.queue import (
     REFUSED,
@@ -58,7 +58,7 @@ class StageStats(PerRequestTimes):
 
 
 @dataclass(frozen=True)
-class GraphResult(LatencySummary, SheddingSummary):
+class GraphResult(SheddingSummary):
     """End-to-end times of a simulated graph (warm-up removed), and every stage's :class:`StageStats`.
 
     A request's latency runs from its arrival until the *last* sink (a stage

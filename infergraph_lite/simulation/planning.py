@@ -207,7 +207,7 @@ class PlanningProblem:
             return [(stage.max_batch_size, stage.max_wait)]
         waits = self.max_waits
         if waits is None:  # no window, and windows of half and one single-request service time
-            one = mean_service_time(stage.service_time, 1)  # type: ignore[arg-type]
+            one = mean_service_time(stage.service_time, 1)
             waits = (0.0, round(one / 2, 10), round(one, 10))
         return [(b, float(w)) for b in self.batch_sizes for w in waits]
 

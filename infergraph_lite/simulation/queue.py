@@ -14,7 +14,10 @@ is what makes a million requests take about a second.
 
 Introduced in notebook 04 (one server, FIFO) and notebook 05 (batching);
 :func:`simulate_graph` (notebook 06) serves a whole graph of stages, stage by
-stage, with the same core.
+stage, with the same core, and the autoscaler
+(:func:`~infergraph_lite.simulation.autoscale.simulate_autoscaling`) drives the
+same loop, :func:`batch_by_batch`, through a hook that may change the number of
+servers before each batch.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_fraction, check_int, check_number
-from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
+from infergraph_lite.core.metrics import LatencySummary, PerRequestTimes, busy_fraction
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.core.stage import Exponential, ServiceTime, capacity, service_time_fn
 
@@ -41,7 +44,7 @@ class UnstableLoadError(ValueError):
     """Requests arrive faster than the servers can possibly serve them: the queue grows without bound."""
 
 
-class SheddingSummary:
+class SheddingSummary(LatencySummary):
     """What shedding cost: the fraction of requests refused or timed out, and the goodput.
 
     A base for results with per-request ``refused`` and ``timed_out`` masks and a ``throughput`` of answers.
@@ -50,7 +53,6 @@ class SheddingSummary:
     refused: np.ndarray
     timed_out: np.ndarray
     throughput: float
-    latencies: np.ndarray
 
     @property
     def dropped_fraction(self) -> float:
@@ -231,7 +233,7 @@ def arrival_times(
     # The simulators' arrivals: Poisson at arrival_rate (seeded), or a given trace and its mean rate.
     if arrivals is None:
         rate = check_number("arrival_rate", arrival_rate)
-        n_requests = check_int("n_requests", n_requests, minimum=2)  # type: ignore[assignment]
+        n_requests = check_int("n_requests", n_requests, minimum=2)
         return np.random.default_rng(seed).exponential(1.0 / rate, n_requests).cumsum(), rate
     times = check_arrivals(arrivals)
     return times, (len(times) - 1) / (times[-1] - times[0]) if times[-1] > times[0] else math.inf

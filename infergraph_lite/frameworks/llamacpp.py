@@ -1,0 +1,55 @@
+"""llama.cpp as a real LLM server for notebook 08: one import for the server, client, model writer and profile.
+
+- :mod:`~infergraph_lite.frameworks.llamacpp_model`: :func:`write_tiny_llama` writes a small llama-architecture
+  GGUF with seeded random weights (nothing downloaded) and says what its KV cache costs per token;
+- :mod:`~infergraph_lite.frameworks.llamacpp_server`: :class:`LlamaCppServer`, llama.cpp's C++ server (the
+  ``xllamacpp`` wheel) in its own process on 127.0.0.1, stopped by its PID, with named start-up errors;
+- :mod:`~infergraph_lite.frameworks.llamacpp_client`: :class:`LlamaCppClient`, streaming requests with
+  futures (TTFT, inter-token gaps, e2e per request), the server's ``/metrics`` and ``/slots``, and
+  :class:`SlotMonitor` (busy slots over time);
+- :mod:`~infergraph_lite.frameworks.llamacpp_profile`: :func:`profile_step_time` measures a step's time against
+  what it holds and fits the callable the LLM simulator takes.
+
+``xllamacpp`` is imported only in the server's child process, ``gguf`` only by the model writer.
+"""
+
+from infergraph_lite.frameworks.llamacpp_client import (
+    Completion,
+    CompletionRequest,
+    LlamaCppClient,
+    RequestError,
+    SlotMonitor,
+    counter_delta,
+    parse_prometheus,
+    tokens_per_decode,
+)
+from infergraph_lite.frameworks.llamacpp_model import (
+    ModelInfo,
+    cache_dir,
+    describe,
+    prompt_of,
+    trained_context_length,
+    write_tiny_llama,
+)
+from infergraph_lite.frameworks.llamacpp_profile import (
+    StepSample,
+    StepTimeModel,
+    StepTimeProfile,
+    fit_step_time,
+    profile_step_time,
+)
+from infergraph_lite.frameworks.llamacpp_server import (
+    BadParameterError,
+    LlamaCppServer,
+    ModelLoadError,
+    ModelMissingError,
+    PortTakenError,
+    ServerStartError,
+    check_server_parameters,
+)
+
+__all__ = ["BadParameterError", "Completion", "CompletionRequest", "LlamaCppClient", "LlamaCppServer", "ModelInfo",
+           "ModelLoadError", "ModelMissingError", "PortTakenError", "RequestError", "ServerStartError", "SlotMonitor",
+           "StepSample", "StepTimeModel", "StepTimeProfile", "cache_dir", "check_server_parameters", "counter_delta",
+           "describe", "fit_step_time", "parse_prometheus", "profile_step_time", "prompt_of", "tokens_per_decode",
+           "trained_context_length", "write_tiny_llama"]

@@ -1,0 +1,248 @@
+"""How long one llama.cpp step takes, measured on the running server, for calibrating the LLM simulator (notebook 08).
+
+The simulator (:func:`infergraph_lite.simulate_llm`) advances in steps; it asks ``step_time(prefill_tokens,
+decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on a real server:
+
+- *decode*: ``c`` requests sent together (same prompt length, same token count) run in lock-step, so the
+  ``j``-th inter-token gap of each is one decode step holding ``c`` sequences and ``c x (prompt + j)``
+  tokens of context;
+- *prefill*: one request alone with a ``p``-token prompt: its time to first token is one step that
+  prefills ``p`` tokens (and samples the first output token).
+
+:func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens`` to such rows by least
+squares (numpy only; a coefficient the data would make negative is held at 0), and returns a
+:class:`StepTimeModel`, a callable the simulator takes as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
+from infergraph_lite.frameworks.llamacpp_model import prompt_of
+
+__all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "fit_step_time", "profile_step_time"]
+
+FEATURES = ("decode_seqs", "prefill_tokens", "kv_tokens")
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured step: what it held and how long it took (seconds)."""
+
+    prefill_tokens: int
+    decode_seqs: int
+    kv_tokens: int
+    seconds: float
+    kind: str = ""          # "decode" or "prefill"
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """``step_time(prefill_tokens, decode_seqs, kv_tokens) = a + b*decode_seqs + c*prefill_tokens + d*kv_tokens``.
+
+    Seconds per step.  ``kv_tokens`` is the context the step's sequences hold in the KV cache, summed over
+    them.  ``rmse`` is the fit's root-mean-square error over the samples it was fitted to (seconds), and
+    ``worst_relative_error`` its largest |predicted - measured| / measured there.
+
+    >>> model = StepTimeModel(a=0.002, b=0.001, c=0.0001, d=0.0)
+    >>> round(model(prefill_tokens=0, decode_seqs=4, kv_tokens=400), 6)
+    0.006
+    >>> round(model(100, 0, 100), 6)
+    0.012
+    """
+
+    a: float
+    b: float
+    c: float
+    d: float = 0.0
+    rmse: float = math.nan
+    worst_relative_error: float = math.nan
+    n_samples: int = 0
+
+    def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
+        return self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens
+
+    @property
+    def coefficients(self) -> dict[str, float]:
+        """``{'a': ..., 'b': ..., 'c': ..., 'd': ...}`` (seconds, seconds per sequence, per token, per token)."""
+        return {"a": self.a, "b": self.b, "c": self.c, "d": self.d}
+
+    def __str__(self) -> str:
+        return (f"step = {1e3 * self.a:.3f} ms + {1e3 * self.b:.3f} ms x decode_seqs + "
+                f"{1e3 * self.c:.4f} ms x prefill_tokens + {1e3 * self.d:.5f} ms x kv_tokens "
+                f"(rmse {1e3 * self.rmse:.3f} ms, worst {100 * self.worst_relative_error:.0f} %, "
+                f"{self.n_samples} samples)")
+
+
+def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True
+                  ) -> StepTimeModel:
+    """Least-squares fit of ``a + b*decode_seqs + c*prefill_tokens (+ d*kv_tokens)`` to measured steps.
+
+    ``samples`` are :class:`StepSample` or rows ``(prefill_tokens, decode_seqs, kv_tokens, seconds)``.
+    ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes out negative (noise,
+    or a term the samples do not vary) is held at 0 and the rest refitted, so the model never predicts
+    that more work takes less time.  ``relative=True`` (default) minimises the squared *relative* error, so a
+    2 ms step is fitted as closely as a 200 ms one (plain least squares lets the long prefill steps decide,
+    and a one-sequence server's every step would be mispredicted by the misfit at small batches).
+
+    >>> rows = [(0, s, s * n, 0.002 + 0.001 * s + 1e-6 * s * n) for s in (1, 2, 4, 8) for n in (10, 200)]
+    >>> rows += [(p, 0, p, 0.002 + 5e-5 * p + 1e-6 * p) for p in (16, 64, 256)]
+    >>> m = fit_step_time(rows)
+    >>> [round(v * 1e6) for v in (m.a, m.b, m.c, m.d)]      # microseconds
+    [2000, 1000, 50, 1]
+    >>> fit_step_time([])
+    Traceback (most recent call last):
+    ValueError: samples: need at least 2 measured steps to fit a step time, got 0
+    """
+    rows = np.asarray([(s.prefill_tokens, s.decode_seqs, s.kv_tokens, s.seconds) if isinstance(s, StepSample)
+                       else tuple(s) for s in samples], dtype=float).reshape(-1, 4)
+    if len(rows) < 2:
+        raise ValueError(f"samples: need at least 2 measured steps to fit a step time, got {len(rows)}")
+    if not np.all(np.isfinite(rows)) or np.any(rows < 0):
+        raise ValueError("samples: every prefill_tokens, decode_seqs, kv_tokens and seconds must be finite and >= 0")
+    prefill, seqs, kv_tokens, seconds = rows.T
+    columns = {"a": np.ones(len(rows)), "b": seqs, "c": prefill, "d": kv_tokens}
+    active = ["a", "b", "c", "d"] if kv else ["a", "b", "c"]
+    active = [k for k in active if k == "a" or np.ptp(columns[k]) > 0 or columns[k].any()]
+    coef: dict[str, float] = {}
+    weight = 1.0 / np.maximum(seconds, 1e-9) if relative else np.ones(len(rows))
+    while active:
+        x = np.column_stack([columns[k] for k in active]) * weight[:, None]
+        solution, *_ = np.linalg.lstsq(x, seconds * weight, rcond=None)
+        coef = dict(zip(active, solution.tolist(), strict=True))
+        negative = [k for k in active if coef[k] < 0]
+        if not negative:
+            break
+        active.remove(min(negative, key=lambda k: coef[k]))    # hold the most negative at 0, refit the rest
+    full = {k: coef.get(k, 0.0) for k in ("a", "b", "c", "d")}
+    predicted = full["a"] + full["b"] * seqs + full["c"] * prefill + full["d"] * kv_tokens
+    rmse = float(np.sqrt(np.mean((predicted - seconds) ** 2)))
+    worst = float(np.max(np.abs(predicted - seconds) / np.maximum(seconds, 1e-9)))
+    return StepTimeModel(**full, rmse=rmse, worst_relative_error=worst, n_samples=len(rows))
+
+
+@dataclass(frozen=True)
+class StepTimeProfile:
+    """What :func:`profile_step_time` measured, and the fitted :class:`StepTimeModel` (``profile.model``).
+
+    ``decode`` maps a concurrency ``c`` to the median inter-token gap (seconds) at ``c`` sequences;
+    ``prefill`` maps a prompt length to the median time to first token of a request alone (seconds).
+    ``load_average`` is the machine's 1-minute load average before and after: a profile taken on a busy
+    machine predicts a busy machine, so measure what it is checked against under the same conditions.
+    """
+
+    model: StepTimeModel
+    samples: tuple[StepSample, ...]
+    decode: dict[int, float] = field(default_factory=dict)
+    prefill: dict[int, float] = field(default_factory=dict)
+    elapsed: float = 0.0
+    load_average: tuple[float, float] = (math.nan, math.nan)    # 1-minute load average before and after
+
+    def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
+        return self.model(prefill_tokens, decode_seqs, kv_tokens)
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:          # not available on this platform
+        return math.nan
+
+
+def _together(client: LlamaCppClient, requests: list[CompletionRequest], timeout: float) -> list[Completion]:
+    futures = [client.submit(r) for r in requests]
+    _, not_done = wait(futures, timeout=timeout)
+    if not_done:
+        raise TimeoutError(f"{len(not_done)} of {len(futures)} profiling requests did not finish in {timeout:.0f} s")
+    return [f.result() for f in futures]
+
+
+def _check_counts(name: str, values: Sequence[int], upper: int | None = None) -> tuple[int, ...]:
+    values = tuple(values)
+    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+        raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
+    if upper is not None and max(values) > upper:
+        raise ValueError(f"{name}: {max(values)} is more than the server's n_parallel ({upper}) slots")
+    return values
+
+
+def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None, prompt_tokens: int = 8,
+                      n_predict: int = 32, prefill_lengths: Sequence[int] = (8, 64, 192), repeats: int = 3,
+                      kv: bool = True, timeout: float = 120.0) -> StepTimeProfile:
+    """Measure llama.cpp's step time against what a step holds, and fit :func:`fit_step_time` to it.
+
+    ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (its ``client()`` is
+    used) or a :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient`.  ``concurrencies``
+    defaults to 1, 2, 4, ... up to the server's ``n_parallel``; each is measured ``repeats`` times with
+    ``c`` requests of ``prompt_tokens`` prompt tokens and ``n_predict`` output tokens sent together.
+    Each of ``prefill_lengths`` is measured ``repeats`` times alone.  Every request is bounded by ``timeout``.
+    Warm-up: one request first, not recorded.  Medians over the repeats.
+
+    >>> from infergraph_lite.frameworks.llamacpp_model import write_tiny_llama
+    >>> from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+    >>> model = write_tiny_llama(embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512)
+    >>> with LlamaCppServer(model, n_parallel=2) as server:
+    ...     profile = profile_step_time(server, n_predict=8, prefill_lengths=(8, 32), repeats=1)
+    >>> sorted(profile.decode), sorted(profile.prefill), profile.model(0, 2, 20) > 0
+    ([1, 2], [8, 32], True)
+    """
+    n_parallel = getattr(server, "n_parallel", None)
+    if concurrencies is None:
+        top = n_parallel or 1
+        concurrencies = sorted({min(2 ** k, top) for k in range(top.bit_length() + 1)})
+    concurrencies = _check_counts("concurrencies", concurrencies, n_parallel)
+    prefill_lengths = _check_counts("prefill_lengths", prefill_lengths)
+    for name, value in (("prompt_tokens", prompt_tokens), ("n_predict", n_predict), ("repeats", repeats)):
+        _check_counts(name, [value])
+    if n_predict < 3:
+        raise ValueError(f"n_predict must be >= 3 (the decode gaps after the first are the samples), got {n_predict}")
+    if isinstance(server, LlamaCppClient):
+        client, own = server, False
+    else:
+        client, own = server.client(max_in_flight=max(concurrencies), timeout=timeout), True
+    start = time.perf_counter()
+    load_before = _load_average()
+    samples: list[StepSample] = []
+    decode: dict[int, float] = {}
+    prefill: dict[int, float] = {}
+    try:
+        client.complete(CompletionRequest(prompt_of(prompt_tokens), 4))      # warm-up: caches, threads
+        # Repeats outermost: each round measures every concurrency and prompt length once, so a change in the
+        # machine's load during the profile moves all of them alike instead of one.
+        gaps_by_step: dict[int, list[list[float]]] = {c: [[] for _ in range(n_predict - 1)] for c in concurrencies}
+        ttfts: dict[int, list[float]] = {p: [] for p in prefill_lengths}
+        for _ in range(repeats):
+            for c in concurrencies:
+                done = _together(client, [CompletionRequest(prompt_of(prompt_tokens), n_predict)] * c, timeout)
+                for completion in done:
+                    for j, gap in enumerate(completion.gaps.tolist()):
+                        gaps_by_step[c][j].append(gap)
+            for p in prefill_lengths:
+                ttfts[p].append(client.complete(CompletionRequest(prompt_of(p), 1)).ttft)
+        for c in concurrencies:
+            # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
+            # step of c sequences, each holding prompt + j + 1 tokens.  Four samples per c (medians over runs
+            # of gaps), so that decode steps do not outweigh the few prefill samples in the fit.
+            for steps in np.array_split(np.arange(1, n_predict - 1), min(4, n_predict - 2)):
+                gaps = [g for j in steps.tolist() for g in gaps_by_step[c][j]]
+                context = prompt_tokens + 1 + float(np.mean(steps))
+                samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode"))
+            decode[c] = float(np.median([g for row in gaps_by_step[c][1:] for g in row]))
+        for p in prefill_lengths:
+            prefill[p] = float(np.median(ttfts[p]))
+            samples.append(StepSample(p, 0, p, prefill[p], "prefill"))
+    finally:
+        if own:
+            client.close()
+    return StepTimeProfile(model=fit_step_time(samples, kv=kv), samples=tuple(samples), decode=decode,
+                           prefill=prefill, elapsed=time.perf_counter() - start,
+                           load_average=(load_before, _load_average()))

@@ -1,0 +1,378 @@
+"""llama.cpp's real server (xllamacpp): start/stop by PID, loopback only, named start-up errors, streaming
+requests with exact token counts, batching seen in the server's own counters, and the step-time fit.
+
+One 8-slot and one 1-slot server per module, on a ~3.4M-parameter random model, keep this file quick.
+No timing is asserted: batching is read from llama.cpp's counters (tokens per decode call).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+pytest.importorskip("xllamacpp")
+pytest.importorskip("gguf")
+
+from infergraph_lite.frameworks import llamacpp_server
+from infergraph_lite.frameworks.llamacpp import (
+    BadParameterError,
+    CompletionRequest,
+    LlamaCppClient,
+    LlamaCppServer,
+    ModelLoadError,
+    ModelMissingError,
+    PortTakenError,
+    RequestError,
+    ServerStartError,
+    SlotMonitor,
+    fit_step_time,
+    parse_prometheus,
+    prompt_of,
+    tokens_per_decode,
+    write_tiny_llama,
+)
+from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
+from tests.proc_sockets import descendants, listening, not_loopback
+
+N_PREDICT = 24
+
+
+def own_processes() -> set[int]:
+    return set(descendants(os.getpid()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaves_nothing():
+    # Set up first, torn down last: after the module's servers have stopped, no process of ours is left.
+    before = own_processes()
+    yield
+    left = own_processes() - before
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return write_tiny_llama(embd=256, layers=4, ff=768, heads=8, kv_heads=4, ctx=2048, seed=0)
+
+
+@pytest.fixture(scope="module")
+def server8(model):
+    with LlamaCppServer(model, n_parallel=8, n_ctx=8 * 256, threads=1) as server:
+        yield server
+    assert not psutil.pid_exists(server.pid) or psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture(scope="module")
+def server1(model):
+    with LlamaCppServer(model, n_parallel=1, n_ctx=512, threads=1) as server:
+        yield server
+
+
+# --- the model file ---------------------------------------------------------------------------------------------
+
+
+def test_the_model_is_cached_and_reproducible(model, tmp_path):
+    again = write_tiny_llama(embd=256, layers=4, ff=768, heads=8, kv_heads=4, ctx=2048, seed=0)
+    assert again == model, "the same parameters reuse the cached file"
+    a = write_tiny_llama(tmp_path / "a.gguf", embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512, seed=3)
+    b = write_tiny_llama(tmp_path / "b.gguf", embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512, seed=3)
+    c = write_tiny_llama(tmp_path / "c.gguf", embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512, seed=4)
+    assert a.path.read_bytes() == b.path.read_bytes(), "seeded: the same bytes"
+    assert a.path.read_bytes() != c.path.read_bytes(), "another seed, other weights"
+    assert model.kv_bytes_per_token() == 2 * 4 * 4 * 32 * 2
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [({"embd": 100, "heads": 8}, "embd"), ({"kv_heads": 3}, "heads"),
+                                               ({"layers": 0}, "layers"), ({"seed": -1}, "seed")])
+def test_a_bad_model_shape_is_refused_by_name(kwargs, named, tmp_path):
+    with pytest.raises(ValueError, match=named):
+        write_tiny_llama(tmp_path / "x.gguf", **kwargs)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+# --- start, stop, sockets ---------------------------------------------------------------------------------------
+
+
+def test_every_listening_socket_of_the_server_is_loopback(server8):
+    assert server8.running and server8.pid in own_processes()
+    sockets = listening([server8.pid, *descendants(server8.pid)])
+    assert server8.port in {port for *_, port in sockets}
+    assert not_loopback(sockets) == [], sockets
+
+
+def test_close_stops_the_process_by_its_pid_and_leaves_nothing(model):
+    before = own_processes()
+    server = LlamaCppServer(model, n_parallel=2, threads=1)
+    pid = server.pid
+    assert pid in own_processes()
+    server.close()
+    server.close()      # twice is harmless
+    assert not server.running and own_processes() <= before
+    assert not psutil.pid_exists(pid)
+
+
+def test_a_block_that_raises_leaves_no_process(model):
+    before = own_processes()
+    with pytest.raises(ZeroDivisionError), LlamaCppServer(model, threads=1) as server:
+        pid = server.pid
+        raise ZeroDivisionError("a cell that fails")
+    assert not psutil.pid_exists(pid) and own_processes() <= before
+
+
+def test_a_server_nobody_closes_is_stopped_when_collected(model):
+    before = own_processes()
+    server = LlamaCppServer(model, threads=1)
+    pid = server.pid
+    del server
+    gc.collect()
+    assert not psutil.pid_exists(pid) and own_processes() <= before
+
+
+def test_a_server_left_open_is_stopped_when_python_exits(model):
+    code = textwrap.dedent(f"""
+        from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+        s = LlamaCppServer({str(model.path)!r}, threads=1)
+        print(s.pid, flush=True)
+    """)     # no close(): the interpreter's exit must stop it
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    child = int(result.stdout.split()[0])
+    assert result.returncode == 0, result.stderr
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_server_ends_when_its_parent_dies_without_cleaning_up(model):
+    # The parent is SIGKILLed: no finaliser runs, but the child sees its stdin close and stops.
+    code = textwrap.dedent(f"""
+        from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+        s = LlamaCppServer({str(model.path)!r}, threads=1)
+        print(s.pid, flush=True)
+        import time; time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=dict(os.environ))
+    try:
+        child = int(parent.stdout.readline())
+        assert psutil.pid_exists(child)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        parent.stdout.close()
+    proc = psutil.Process(child) if psutil.pid_exists(child) else None
+    if proc is not None:
+        _, alive = psutil.wait_procs([proc], timeout=15)
+        for p in alive:          # do not leave it behind even if the check fails
+            p.kill()
+        assert not alive, "the orphaned server kept running"
+
+
+def test_a_ctrl_c_while_stopping_still_kills_the_server(model, monkeypatch):
+    server = LlamaCppServer(model, threads=1)
+    pid = server.pid
+
+    def interrupted(pids, timeout=10.0):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(llamacpp_server, "stop_processes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.close()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_that_dies_mid_stream_fails_the_request_instead_of_hanging(model):
+    server = LlamaCppServer(model, threads=1)
+    with server.client(n_predict=2000, timeout=60) as client:
+        future = client.submit(CompletionRequest(prompt_of(4), 240))
+        while server.busy_slots() == 0 and not future.done():
+            time.sleep(0.005)
+        server.close()
+        with pytest.raises(RequestError):
+            future.result(timeout=60)
+
+
+# --- named start-up errors --------------------------------------------------------------------------------------
+
+
+def test_a_missing_model_is_named_and_starts_nothing(tmp_path):
+    before = own_processes()
+    with pytest.raises(ModelMissingError, match=r"nope\.gguf"):
+        LlamaCppServer(tmp_path / "nope.gguf")
+    assert own_processes() <= before
+
+
+def test_a_file_that_is_not_gguf_is_named_and_starts_nothing(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model" * 10)
+    before = own_processes()
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        LlamaCppServer(bad)
+    assert own_processes() <= before
+
+
+def test_a_model_llama_cpp_cannot_load_is_named_from_its_log(model, tmp_path, monkeypatch):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(model.path.read_bytes()[:100_000])      # a GGUF header, then nothing
+    monkeypatch.setattr(llamacpp_server, "trained_context_length", lambda path: None)   # let it reach llama.cpp
+    before = own_processes()
+    with pytest.raises(ModelLoadError, match="could not load the model"):
+        LlamaCppServer(broken, threads=1)
+    assert own_processes() <= before
+
+
+def test_start_up_is_bounded_by_ready_timeout_and_leaves_nothing(model):
+    before = own_processes()
+    with pytest.raises(ServerStartError, match="ready_timeout"):
+        LlamaCppServer(model, ready_timeout=0.05, threads=1)     # Python alone takes longer to start
+    assert own_processes() <= before
+
+
+def test_a_taken_port_is_named_before_start(model):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = own_processes()
+        with pytest.raises(PortTakenError, match=str(port)):
+            LlamaCppServer(model, port=port)
+        assert own_processes() <= before
+
+
+def test_a_port_taken_after_the_check_is_named_from_llama_cpps_log(model, monkeypatch):
+    monkeypatch.setattr(llamacpp_server, "_port_is_free", lambda port: True)    # the race: taken after the check
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        before = own_processes()
+        with pytest.raises(PortTakenError, match="could not be bound"):
+            LlamaCppServer(model, port=taken.getsockname()[1], threads=1)
+        assert own_processes() <= before
+
+
+@pytest.mark.parametrize(("kwargs", "argument"), [
+    ({"n_parallel": 0}, "n_parallel"),
+    ({"n_parallel": 4, "n_ctx": 1000}, "n_ctx"),           # llama.cpp would round it
+    ({"n_parallel": 1, "n_ctx": 4096}, "n_ctx"),           # more than the model's trained 2048
+    ({"n_batch": 64, "n_ubatch": 128}, "n_ubatch"),
+    ({"threads": 0}, "threads"),
+    ({"port": 70000}, "port"),
+    ({"cont_batching": "yes"}, "cont_batching"),
+    ({"ready_timeout": 0}, "ready_timeout"),
+])
+def test_bad_parameters_are_named_before_any_process_starts(model, kwargs, argument):
+    before = own_processes()
+    with pytest.raises(BadParameterError, match=f"^{argument}=") as caught:
+        LlamaCppServer(model, **kwargs)
+    assert caught.value.argument == argument
+    assert own_processes() <= before
+
+
+# --- requests ---------------------------------------------------------------------------------------------------
+
+
+def test_a_streamed_request_yields_exactly_n_tokens_with_their_times(server8):
+    with server8.client(n_predict=N_PREDICT) as client:
+        done = client.submit(CompletionRequest(prompt_of(10), 17)).result(timeout=120)
+        default = client.complete("the model serves")
+    assert done.n_tokens == 17 and len(done.token_times) == 17 and len(done.gaps) == 16
+    assert done.prompt_tokens == 10 and done.stop_type == "limit"
+    assert 0 < done.ttft <= done.e2e and np.all(done.gaps >= 0)
+    assert np.all(np.diff(done.token_times) > 0), "byte tokens are banned, so every token arrives on its own"
+    assert default.n_tokens == N_PREDICT
+    assert set(done.server_timings) >= {"prompt_n", "predicted_n", "prompt_ms", "predicted_ms"}
+
+
+def test_bad_requests_are_refused_before_sending(server8):
+    with server8.client() as client:
+        with pytest.raises(ValueError, match="n_predict"):
+            client.submit(CompletionRequest("x", 0))
+        with pytest.raises(TypeError, match="prompt"):
+            client.submit(42)
+    with pytest.raises(ValueError, match="url"):
+        LlamaCppClient("127.0.0.1:8080")
+
+
+def test_a_prompt_longer_than_a_slot_is_an_error_naming_the_context(server8):
+    assert server8.slot_ctx == 256
+    with server8.client() as client, pytest.raises(RequestError, match="context") as caught:
+        client.complete(prompt_of(400))             # a slot holds 2048 / 8 = 256
+    assert caught.value.status == 400
+    with server8.client() as client, pytest.raises(RequestError, match="n_predict=100 tokens, got 56"):
+        client.complete(CompletionRequest(prompt_of(200), 100))     # 200 + 100 > 256: llama.cpp stops early
+
+
+def test_concurrent_requests_on_8_slots_are_batched(server8):
+    before = server8.metrics()
+    with server8.client(n_predict=N_PREDICT, max_in_flight=8) as client, SlotMonitor(client) as monitor:
+        report = run_closed_loop(client, n_clients=8, n_requests=16, make_item=lambda i: prompt_of(4 + i % 3))
+        done = list(client.completions)
+    after = server8.metrics()
+    assert monitor.peak >= 2, f"/slots never showed two slots busy at once: {monitor.busy}"
+    assert report.failed == 0 and len(report.latencies) == 16
+    assert all(c.n_tokens == N_PREDICT for c in done)
+    per_call = tokens_per_decode(before, after)
+    assert per_call > 2, f"8 concurrent requests on 8 slots: {per_call:.2f} tokens per decode call"
+    assert after["tokens_predicted_total"] - before["tokens_predicted_total"] == 16 * N_PREDICT
+
+
+def test_one_slot_serves_one_request_at_a_time(server1):
+    before = server1.metrics()
+    with server1.client(n_predict=N_PREDICT, max_in_flight=4) as client, SlotMonitor(client) as monitor:
+        report = run_open_loop(client, [0.0] * 4, make_item=lambda i: prompt_of(5))
+    after = server1.metrics()
+    assert report.failed == 0 and monitor.peak == 1
+    assert tokens_per_decode(before, after) == pytest.approx(1.0), "one slot: one token per decode call"
+    assert len(server1.slots()) == 1
+
+
+def test_slots_report_each_slots_share_of_the_kv_cells(server8):
+    slots = server8.slots()
+    assert [s["id"] for s in slots] == list(range(8))
+    assert {s["n_ctx"] for s in slots} == {2048 // 8}
+    assert server8.busy_slots() == 0, "idle between tests"
+
+
+def test_metrics_are_parsed_into_numbers(server8):
+    metrics = server8.metrics()
+    assert {"n_decode_total", "tokens_predicted_total", "prompt_tokens_total", "requests_processing"} <= set(metrics)
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert parse_prometheus('x{a="1 2"} 3 1700000000\n# c\n') == {'x{a="1 2"}': 3.0}
+
+
+# --- the step-time fit ------------------------------------------------------------------------------------------
+
+
+def test_the_fit_recovers_known_coefficients_and_never_goes_negative():
+    rng = np.random.default_rng(0)
+    rows = [(0, s, s * n, 0.003 + 0.0008 * s + 2e-6 * s * n) for s in (1, 2, 4, 8) for n in (20, 60, 200)]
+    rows += [(p, 0, p, 0.003 + 6e-5 * p + 2e-6 * p) for p in (8, 64, 256)]
+    noisy = [(*r[:3], r[3] * (1 + 0.01 * rng.standard_normal())) for r in rows]
+    model = fit_step_time(noisy)
+    assert model.a == pytest.approx(0.003, rel=0.1) and model.b == pytest.approx(0.0008, rel=0.1)
+    assert model.c == pytest.approx(6e-5, rel=0.2)
+    # Step time that falls with the batch is noise; the fit holds that term at 0, not below.
+    falling = [(0, s, 10 * s, 0.01 - 0.0001 * s) for s in (1, 2, 4, 8)] + [(64, 0, 64, 0.012)]
+    held = fit_step_time(falling, kv=False)
+    assert held.b == 0.0 and min(held.coefficients.values()) >= 0
+    with pytest.raises(ValueError, match="samples"):
+        fit_step_time([(0, 1, 1, -1.0), (0, 2, 2, 0.1)])
+
+
+def test_the_profile_measures_the_live_server(server8):
+    from infergraph_lite.frameworks.llamacpp import profile_step_time
+
+    profile = profile_step_time(server8, concurrencies=(1, 4), n_predict=10, prefill_lengths=(8, 128), repeats=1)
+    assert sorted(profile.decode) == [1, 4] and sorted(profile.prefill) == [8, 128]
+    assert {s.kind for s in profile.samples} == {"decode", "prefill"}
+    assert all(v >= 0 for v in profile.model.coefficients.values())
+    assert profile(0, 4, 100) > 0 and profile.model.n_samples == len(profile.samples)
+    assert server8.busy_slots() == 0
+    with pytest.raises(ValueError, match="n_parallel"):
+        profile_step_time(server8, concurrencies=(16,))
