@@ -53,6 +53,7 @@ from infergraph_lite.serving.loadtest import (
 )
 from infergraph_lite.serving.metrics import BatchRecord, RequestRecord
 from infergraph_lite.simulation.graph import GraphResult, simulate_graph
+from infergraph_lite.simulation.llm import LLMResult, simulate_llm
 from infergraph_lite.simulation.queue import BatchingResult, UnstableLoadError, simulate_batching
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "GraphResult",
     "GraphServer",
     "InvalidNodeError",
+    "LLMResult",
     "LoadReport",
     "MissingDependencyError",
     "MissingInputError",
@@ -97,6 +99,7 @@ __all__ = [
     "run_plan_parallel",
     "simulate_batching",
     "simulate_graph",
+    "simulate_llm",
     "topological_order",
     "validate_graph",
 ]

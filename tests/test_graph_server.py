@@ -6,6 +6,10 @@ duration (the benchmarks measure speed).
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -13,17 +17,27 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from infergraph_lite import run_graph
 from infergraph_lite.core.execute import NodeError
 from infergraph_lite.core.graph import CycleError, InvalidNodeError, MissingDependencyError, MissingInputError
 from infergraph_lite.core.stage import Stage
-from infergraph_lite.lessons.examples import text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.lessons.examples import (
+    cpu_bound_stages,
+    python_work,
+    text_pipeline,
+    text_pipeline_stages,
+    trained_text_models,
+)
 from infergraph_lite.lessons.models import load_texts
-from infergraph_lite.serving.batcher import QueueFullError
+from infergraph_lite.serving.batcher import BatchError, QueueFullError
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
+from infergraph_lite.serving.processes import process_tree
+from infergraph_lite.serving.stage_workers import RemoteError, WorkerDiedError
+from tests import stage_fns
 
 TEXT_STAGES = ["tokenize", "embed", "topic", "sentiment", "merge", "format"]
 
@@ -293,3 +307,144 @@ def test_repr_and_thread_count():
     assert repr(server) == "GraphServer(2 stages, 3 threads, serving)"
     server.close()
     assert repr(server) == "GraphServer(2 stages, 3 threads, closed)"
+
+
+# --- workers="processes": each stage's replicas in worker processes ---------------------------------------------
+
+
+def worker_processes() -> set[int]:
+    return set(process_tree())
+
+
+@pytest.fixture()
+def no_process_left():
+    """Every worker a test starts is gone when it ends (and none was there before that the test could hide)."""
+    before = worker_processes()
+    yield
+    wait_until(lambda: worker_processes() <= before, seconds=15)
+
+
+def test_process_mode_answers_what_thread_mode_answers_and_leaves_the_stages_unchanged(no_process_left):
+    stages = cpu_bound_stages({"parse": 50, "score": 70}, options={"parse": {"max_batch_size": 4, "max_wait": 0.001},
+                                                                  "score": {"replicas": 2}})
+    stages["total"] = (Stage(fn=stage_fns.add_pairs, max_batch_size=8), ["parse", "score"])
+    given = dict(stages)
+    with GraphServer(stages, workers="processes", name="procs") as server:
+        pids = server.worker_pids
+        assert {n: len(p) for n, p in pids.items()} == {"parse": 1, "score": 2, "total": 1}
+        assert set().union(*pids.values()) <= worker_processes()
+        assert repr(server) == "GraphServer(3 stages, 4 threads, 4 worker processes, serving)"
+        in_processes = [f.result(timeout=60) for f in [server.submit({"request": i}) for i in range(40)]]
+    with GraphServer(stages) as threaded:
+        in_threads = [f.result(timeout=60) for f in [threaded.submit({"request": i}) for i in range(40)]]
+    assert in_processes == in_threads
+    assert in_processes[3] == {"parse": python_work([3], 50)[0], "score": python_work(python_work([3], 50), 70)[0],
+                               "total": python_work([3], 50)[0] + python_work(python_work([3], 50), 70)[0]}
+    assert stages == given and all(stages[n] is given[n] for n in given)  # the caller's dict is not touched
+    assert list(server.batchers) == ["parse", "score", "total"] and server.workers == "processes"
+    assert server.worker_pids == {"parse": [], "score": [], "total": []}
+    assert not set().union(*pids.values()) & worker_processes()
+
+
+def test_a_failing_batch_in_a_worker_fails_its_requests_with_the_exception_intact(no_process_left):
+    stages = {"check": (Stage(fn=functools.partial(stage_fns.fail_on, bad=13)), ["request"]),
+              "odd": (Stage(fn=functools.partial(stage_fns.unpicklable_answers)), ["request"]),
+              "stop": (Stage(fn=stage_fns.raise_system_exit), ["check"])}
+    with GraphServer({"check": stages["check"]}, workers="processes") as server:
+        futures = [server.submit({"request": i}) for i in range(20)]
+        wait_until(lambda: all(f.done() for f in futures), seconds=60)
+        pid = server.worker_pids["check"]
+    failed = {i for i, f in enumerate(futures) if f.exception() is not None}
+    assert failed == {13}  # batches of one: only the bad request fails
+    error = futures[13].exception()
+    assert isinstance(error, NodeError) and error.node == "check"
+    assert type(error.__cause__) is ValueError and str(error.__cause__) == "item 13 is bad"
+    assert [futures[i].result() for i in (0, 12, 14)] == [{"check": 0}, {"check": 12}, {"check": 14}]
+    assert len(pid) == 1
+    with GraphServer({"odd": stages["odd"]}, workers="processes") as server:
+        with pytest.raises(NodeError, match="'odd'") as caught:
+            server.submit({"request": 1}).result(timeout=60)
+        assert isinstance(caught.value.__cause__, RemoteError) and "pickle" in str(caught.value.__cause__).lower()
+    with GraphServer({"stop": (stages["stop"][0], ["request"])}, workers="processes") as server:
+        with pytest.raises(NodeError, match=r"node 'stop' failed: SystemExit: a model called exit\(\)"):
+            server.submit({"request": 2}).result(timeout=60)
+        assert len(server.worker_pids["stop"]) == 1 and server.stage_workers["stop"].replaced == []  # it serves on
+
+
+def test_a_worker_killed_mid_batch_fails_its_batch_naming_stage_and_pid_and_is_replaced(tmp_path, no_process_left):
+    started, release = tmp_path / "started", tmp_path / "release"
+    fn = functools.partial(stage_fns.wait_for_file, started=str(started), release=str(release))
+    stages = {"slow": (Stage(fn=fn, max_batch_size=8), ["request"])}
+    with GraphServer(stages, workers="processes") as server:
+        [pid] = server.worker_pids["slow"]
+        victim = server.submit({"request": "a"})
+        wait_until(started.exists, seconds=60)
+        assert int(started.read_text()) == pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(NodeError, match="'slow'") as caught:
+            victim.result(timeout=60)
+        cause = caught.value.__cause__
+        assert isinstance(cause, WorkerDiedError) and cause.stage == "slow" and cause.pid == pid
+        assert str(pid) in str(cause) and cause.exitcode == -signal.SIGKILL
+        release.touch()
+        assert server.submit({"request": "b"}).result(timeout=60) == {"slow": "b"}  # its replacement answers
+        [fresh] = server.worker_pids["slow"]
+        assert fresh != pid and server.stage_workers["slow"].replaced == [pid]
+    assert not psutil.pid_exists(fresh)
+
+
+def test_a_worker_that_exits_and_cannot_be_replaced_marks_its_stage_failed(monkeypatch, no_process_left):
+    stages = {"pre": (Stage(fn=stage_fns.add_pairs), ["a", "b"]),
+              "risky": (Stage(fn=functools.partial(stage_fns.exit_on, bad=7)), ["pre"])}
+    with GraphServer(stages, inputs=["a", "b"], workers="processes") as server:
+        assert server.submit({"a": 1, "b": 2}).result(timeout=60) == {"pre": 3, "risky": 3}
+        [pid] = server.worker_pids["risky"]
+        workers = server.stage_workers["risky"]
+
+        def no_more_processes() -> None:
+            raise OSError("no more processes on this machine")
+
+        monkeypatch.setattr(workers, "_spawn", no_more_processes)
+        with pytest.raises(NodeError, match="'risky'") as caught:
+            server.submit({"a": 3, "b": 4}).result(timeout=60)
+        assert isinstance(caught.value.__cause__, WorkerDiedError) and caught.value.__cause__.exitcode == 3
+        assert caught.value.__cause__.pid == pid
+        later = server.submit({"a": 1, "b": 1})
+        with pytest.raises(NodeError, match="'risky'") as caught:
+            later.result(timeout=60)
+        assert "the stage is failed" in str(caught.value.__cause__)
+
+
+def test_close_is_bounded_with_a_batch_that_never_ends_and_stops_the_worker_by_pid(tmp_path, no_process_left):
+    started = tmp_path / "started"
+    fn = functools.partial(stage_fns.wait_for_file, started=str(started), release=str(tmp_path / "never"))
+    server = GraphServer({"stuck": (Stage(fn=fn), ["request"])}, workers="processes")
+    [pid] = server.worker_pids["stuck"]
+    stuck, queued = server.submit({"request": 1}), server.submit({"request": 2})
+    wait_until(started.exists, seconds=60)
+    began = time.monotonic()
+    server.close(timeout=0.5)
+    assert time.monotonic() - began < 20  # bounded: 0.5 s of draining, then the worker is stopped by signal
+    for future in (stuck, queued):
+        with pytest.raises(NodeError, match=r"'stuck' failed: BatchError: .*close\(\) gave up") as caught:
+            future.result(timeout=0)
+        assert isinstance(caught.value.__cause__, BatchError)
+    assert not psutil.pid_exists(pid)
+
+
+def test_process_mode_refuses_a_stage_fn_a_worker_cannot_import_by_name_before_any_process(monkeypatch):
+    before = worker_processes()
+
+    def defined_in_main(items: list[Any]) -> list[Any]:
+        return items
+
+    defined_in_main.__module__, defined_in_main.__qualname__ = "__main__", "defined_in_main"
+    monkeypatch.setattr(sys.modules["__main__"], "defined_in_main", defined_in_main, raising=False)
+    good = Stage(fn=stage_fns.add_pairs)
+    for fn, why in [(each(len), "does not pickle"), (defined_in_main, "defined in __main__")]:
+        stages = {"good": (good, ["request"]), "bad": (Stage(fn=fn), ["good"])}
+        with pytest.raises(ValueError, match=rf"stage 'bad': its fn .* cannot run in a worker process: .*{why}"):
+            GraphServer(stages, workers="processes")
+        assert worker_processes() == before  # refused before any process started
+    with pytest.raises(ValueError, match="workers must be one of"):
+        GraphServer({"good": (good, ["request"])}, workers="fibers")

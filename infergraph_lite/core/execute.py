@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from infergraph_lite.core.arguments import check_count
 from infergraph_lite.core.graph import Countdown, Graph, Plan, prepare
 
 __all__ = ["NodeError", "TraceEvent", "measure_node_durations", "run_graph", "run_graph_parallel", "run_plan",
@@ -126,9 +127,7 @@ def run_plan_parallel(
     >>> sorted(e.node for e in events)
     ['a', 'b', 'sum']
     """
-    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                    or max_workers < 1):
-        raise ValueError(f"max_workers must be a positive integer or None, got {max_workers!r}")
+    max_workers = check_count("max_workers", max_workers, allow_none=True)
     plan.check_inputs(inputs)
     graph = plan.nodes
     results = dict(inputs)
@@ -151,8 +150,7 @@ def run_plan_parallel(
     failure: tuple[str, BaseException] | None = None
     limits: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if blas_threads is not None:
-        if isinstance(blas_threads, bool) or not isinstance(blas_threads, int) or blas_threads < 1:
-            raise ValueError(f"blas_threads must be a positive integer or None, got {blas_threads!r}")
+        blas_threads = check_count("blas_threads", blas_threads)
         from threadpoolctl import threadpool_limits  # only needed by those who ask for a limit
 
         limits = threadpool_limits(limits=blas_threads, user_api="blas")
@@ -205,9 +203,7 @@ def run_graph_parallel(
     >>> sorted(e.node for e in events)
     ['a', 'b', 'sum']
     """
-    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
-                                    or max_workers < 1):
-        raise ValueError(f"max_workers must be a positive integer or None, got {max_workers!r}")
+    max_workers = check_count("max_workers", max_workers, allow_none=True)
     return run_plan_parallel(prepare(nodes, inputs), inputs, max_workers, trace, pool)
 
 
@@ -223,8 +219,7 @@ def measure_node_durations(nodes: Graph | Plan, inputs: Mapping[str, Any], repea
     >>> d["nap"] >= 0.009
     True
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    repeats = check_count("repeats", repeats)
     plan = nodes if isinstance(nodes, Plan) else prepare(nodes, inputs)
     samples: dict[str, list[float]] = {name: [] for name in plan.nodes}
     for _ in range(repeats):

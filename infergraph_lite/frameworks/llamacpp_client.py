@@ -32,6 +32,8 @@ import numpy as np
 __all__ = ["Completion", "CompletionRequest", "LlamaCppClient", "RequestError", "SlotMonitor", "counter_delta",
            "parse_prometheus", "tokens_per_decode"]
 
+from infergraph_lite.core.arguments import check_count, check_number
+
 
 class RequestError(RuntimeError):
     """The server refused or broke off a request; ``status`` is the HTTP status (0: connection error)."""
@@ -162,11 +164,9 @@ class LlamaCppClient:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"url must look like http://127.0.0.1:PORT, got {url!r}")
-        for name, value in (("n_predict", n_predict), ("max_in_flight", max_in_flight)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        check_count("n_predict", n_predict)
+        check_count("max_in_flight", max_in_flight)
+        check_number("timeout", timeout)
         self.url = url
         self._host, self._port = parts.hostname, parts.port
         self.n_predict = n_predict
@@ -192,9 +192,7 @@ class LlamaCppClient:
         n = self.n_predict if n is None else n
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"n_predict must be a positive int, got {n!r}")
-        return prompt, n
+        return prompt, check_count("n_predict", n)
 
     def complete(self, item: str | CompletionRequest | Mapping[str, Any]) -> Completion:
         """Send one request and stream its answer (blocking); raises :class:`RequestError` on refusal."""

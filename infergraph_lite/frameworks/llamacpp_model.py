@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from infergraph_lite.core.arguments import check_count, check_non_negative_int
+
 __all__ = ["ModelInfo", "cache_dir", "describe", "prompt_of", "trained_context_length", "write_tiny_llama"]
 
 WRITER_VERSION = 2      # bump when the file layout changes, so cached files are rewritten
@@ -139,10 +141,8 @@ def _vocab() -> tuple[list[bytes], list[float], list[int]]:
 def _check_shape(embd: int, layers: int, ff: int, heads: int, kv_heads: int, ctx: int, seed: int) -> None:
     for name, value in (("embd", embd), ("layers", layers), ("ff", ff), ("heads", heads), ("kv_heads", kv_heads),
                         ("ctx", ctx)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        check_count(name, value)
+    check_non_negative_int("seed", seed)
     if embd % heads:
         raise ValueError(f"embd ({embd}) must be a multiple of heads ({heads})")
     if (embd // heads) % 2:
@@ -257,8 +257,7 @@ def prompt_of(n_tokens: int) -> str:
     >>> prompt_of(4)
     'the of and'
     """
-    if not isinstance(n_tokens, int) or isinstance(n_tokens, bool) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive int (it counts <s>), got {n_tokens!r}")
+    check_count("n_tokens", n_tokens)  # it counts <s>
     return " ".join(_WORDS[i % len(_WORDS)] for i in range(n_tokens - 1))
 
 

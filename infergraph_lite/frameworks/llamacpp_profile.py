@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from infergraph_lite.core.arguments import check_count
 from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
 from infergraph_lite.frameworks.llamacpp_model import prompt_of
 
@@ -168,8 +169,9 @@ def _together(client: LlamaCppClient, requests: list[CompletionRequest], timeout
 
 def _check_counts(name: str, values: Sequence[int], upper: int | None = None) -> tuple[int, ...]:
     values = tuple(values)
-    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
-        raise ValueError(f"{name} must be a non-empty sequence of positive ints, got {values!r}")
+    if not values:
+        raise ValueError(f"{name} must be a non-empty sequence of integers >= 1, got {values!r}")
+    values = tuple(check_count(f"{name}[{i}]", v) for i, v in enumerate(values))
     if upper is not None and max(values) > upper:
         raise ValueError(f"{name}: {max(values)} is more than the server's n_parallel ({upper}) slots")
     return values

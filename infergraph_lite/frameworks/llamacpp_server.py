@@ -37,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from infergraph_lite.core.arguments import check_count
 from infergraph_lite.frameworks.llamacpp_model import ModelInfo, trained_context_length
 from infergraph_lite.serving.processes import process_tree, stop_processes
 
@@ -76,8 +77,10 @@ class BadParameterError(ServerStartError, ValueError):
 
 
 def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise BadParameterError(name, value, "must be a positive int")
+    try:
+        check_count(name, value)
+    except ValueError:
+        raise BadParameterError(name, value, "must be an integer >= 1") from None
 
 
 def check_server_parameters(*, n_parallel: int, n_ctx: int, n_batch: int, n_ubatch: int, threads: int,

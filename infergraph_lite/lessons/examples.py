@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,10 @@ __all__ = [
     "BANANA_INPUTS",
     "LISTING_CATEGORIES",
     "banana_nodes",
+    "cpu_bound_stages",
     "listing_graph",
     "listing_image",
+    "python_work",
     "text_pipeline",
     "text_pipeline_stages",
     "trained_text_models",
@@ -235,3 +237,55 @@ def text_pipeline_stages(
         raise ValueError(f"options name stages that the text pipeline does not have: {unknown}; "
                          f"its stages are {list(functions)}")
     return {name: (Stage(fn=fn, **options.get(name, {})), deps) for name, (fn, deps) in functions.items()}
+
+
+def python_work(items: list[int], rounds: int) -> list[int]:
+    """A batch function of pure-Python arithmetic: ``rounds`` steps of an integer hash per item.
+
+    No sleep, no numpy, no I/O: the thread running it holds the interpreter lock the whole time, so two
+    such stages in one process take turns, while in two processes they run at once (notebook 06).  The
+    cost is a fixed amount of work per item, so a batch of ``b`` costs ``b`` times one item.
+
+    >>> python_work([1, 2], rounds=3)
+    [662824084, 2818548041]
+    """
+    answers = []
+    for item in items:
+        h = item & 0xFFFFFFFF
+        for _ in range(rounds):
+            h = (h * 1103515245 + 12345) & 0xFFFFFFFF  # the C library's rand() step, in Python integers
+        answers.append(h)
+    return answers
+
+
+def cpu_bound_stages(
+    rounds: Mapping[str, int] | None = None,
+    *,
+    inputs: str = "request",
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, tuple[Stage, list[str]]]:
+    """A chain of pure-Python CPU-bound stages (:func:`python_work`), for threads against processes.
+
+    ``rounds`` maps each stage, in chain order, to its work per item (default two equal stages,
+    ``{"parse": 5_000, "score": 5_000}``, about a millisecond per item each on a laptop core); the first reads
+    ``inputs``, each next one the previous.  Each ``fn`` is a ``functools.partial`` of a module-level
+    function, so it pickles by name and runs in a worker process (``GraphServer(workers="processes")``).
+    ``options`` sets a stage's knobs as in :func:`text_pipeline_stages`.
+
+    >>> stages = cpu_bound_stages({"a": 3, "b": 3}, options={"b": {"max_batch_size": 4}})
+    >>> list(stages), stages["b"][1], stages["b"][0].max_batch_size, stages["a"][0].fn([1, 2])
+    (['a', 'b'], ['a'], 4, [662824084, 2818548041])
+    """
+    rounds = dict({"parse": 5_000, "score": 5_000} if rounds is None else rounds)
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(rounds))
+    if unknown:
+        raise ValueError(f"options name stages that this graph does not have: {unknown}; its stages are {list(rounds)}")
+    for name, count in rounds.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f"rounds[{name!r}] must be a non-negative int, got {count!r}")
+    stages, previous = {}, inputs
+    for name, count in rounds.items():
+        stages[name] = (Stage(fn=partial(python_work, rounds=count), **options.get(name, {})), [previous])
+        previous = name
+    return stages

@@ -1,5 +1,6 @@
-"""Real serving on this machine: the dynamic batcher, the graph server, load generators, request records, process
-trees (notebooks 05-07).
+"""Real serving on this machine: the dynamic batcher, the graph server (its stages on threads or in worker
+processes, :mod:`~infergraph_lite.serving.stage_workers`), load generators, request records, process trees
+(notebooks 05-07).
 
 Imports only :mod:`infergraph_lite.core`.
 """

@@ -256,7 +256,7 @@ class DynamicBatcher:
         for worker in self._workers:
             worker.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
         if any(worker.is_alive() for worker in self._workers):
-            self._fail_unanswered(BatchError(f"{self.name}: close() gave up after {timeout} s with a batch "
+            self._fail_unanswered(BatchError(f"{self.name}: close() gave up after {timeout:.3g} s with a batch "
                                              "still running; this request was not answered"))
 
     def __enter__(self) -> DynamicBatcher:

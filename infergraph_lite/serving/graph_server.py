@@ -18,8 +18,11 @@ from infergraph_lite.core.graph import Countdown, InvalidNodeError
 from infergraph_lite.core.stage import Stage, batch_item, prepare_stages
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
 from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
+from infergraph_lite.serving.stage_workers import StageWorkers
 
-__all__ = ["ENGINE", "GraphRequestRecord", "GraphServer", "from_stage"]
+__all__ = ["ENGINE", "WORKERS", "GraphRequestRecord", "GraphServer", "from_stage"]
+
+WORKERS = ("threads", "processes")  # where a stage's replicas run
 
 ENGINE = "GraphServer"  # how UnsupportedStageFieldError would name this engine (it honours every field)
 
@@ -103,8 +106,21 @@ class GraphServer:
       first stage refuses it; the parts of the request already in other
       stages finish and are dropped.
 
+    ``workers="threads"`` (the default) runs every stage's replicas as threads
+    of this process: they share one interpreter lock, so pure-Python stages
+    take turns.  ``workers="processes"`` runs each replica's ``fn`` in a worker
+    process of its own (:mod:`~infergraph_lite.serving.stage_workers`: spawned,
+    so each ``fn`` must be importable by name — a lambda or a function defined
+    in a notebook is refused by name before anything starts); the batching stays
+    here, in the stage's one :class:`DynamicBatcher`.  A worker that dies fails
+    its batch's requests with a ``NodeError`` naming the stage, whose cause
+    (:class:`~infergraph_lite.serving.stage_workers.WorkerDiedError`) names
+    the PID, and is replaced; if the replacement cannot start, the stage's
+    later batches fail the same way at once.
+
     :meth:`close` (or leaving a ``with`` block) refuses new requests, serves
-    every request already inside to the end, and joins every thread.  Records:
+    every request already inside to the end, and joins every thread (and stops
+    every worker process by its PID).  Records:
     :attr:`records` (one :class:`GraphRequestRecord` per answered request),
     :meth:`stage_records` (each stage's per-request queue / compute time and
     batch size) and :meth:`stage_times` (their means, as perf_analyzer
@@ -134,9 +150,13 @@ class GraphServer:
         *,
         clock: Callable[[], float] = time.monotonic,
         name: str = "graph-server",
+        workers: str = "threads",
     ):
+        if workers not in WORKERS:
+            raise ValueError(f"workers must be one of {WORKERS}, got {workers!r}")
         plan = prepare_stages(stages, inputs, need="fn")  # raises before any thread starts
         self.plan = plan
+        self.workers = workers
         self.name = name
         self._now = clock
         self._order = tuple(plan.order)
@@ -148,8 +168,18 @@ class GraphServer:
         self._records: list[tuple[int, float, float]] = []
         self._failed = 0
         self.batchers: dict[str, DynamicBatcher] = {}
+        self.stage_workers: dict[str, StageWorkers] = {}  # workers="processes": each stage's worker processes
         settings = {n: from_stage(n, plan.nodes[n][0]) for n in self._order}  # every stage's, before any thread
         try:
+            if workers == "processes":
+                # Every fn checked (pickles, importable) before any process starts; then all start at once.
+                pools = {n: StageWorkers(n, settings[n]["batch_fn"], settings[n]["replicas"], start=False)
+                         for n in self._order}
+                self.stage_workers = pools
+                launched = {n: pool.launch() for n, pool in pools.items()}
+                for n, pool in pools.items():
+                    pool.wait_ready(launched[n])
+                    settings[n]["batch_fn"] = pool
             for stage_name in self._order:
                 self.batchers[stage_name] = DynamicBatcher(**settings[stage_name], clock=clock,
                                                            name=f"{name}:{stage_name}")
@@ -157,11 +187,20 @@ class GraphServer:
             self._closed = True
             for batcher in self.batchers.values():
                 batcher.close()
+            for pool in self.stage_workers.values():
+                pool.close(timeout=1.0)
             raise
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "serving"
-        return f"GraphServer({len(self._order)} stages, {self.threads} threads, {state})"
+        pids = sum(len(p) for p in self.worker_pids.values())
+        where = f", {pids} worker processes" if self.workers == "processes" else ""
+        return f"GraphServer({len(self._order)} stages, {self.threads} threads{where}, {state})"
+
+    @property
+    def worker_pids(self) -> dict[str, list[int]]:
+        """Per stage, the PIDs of its living worker processes (empty with ``workers="threads"``)."""
+        return {name: pool.pids for name, pool in self.stage_workers.items()}
 
     @property
     def threads(self) -> int:
@@ -219,17 +258,26 @@ class GraphServer:
                 self._enter(job, stage_name)
         return job.future
 
-    def close(self) -> None:
-        """Refuse new requests, finish every request already inside, and join every worker thread.
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Refuse new requests, finish every request already inside, join every worker thread, stop every
+        worker process by its PID.
 
         Stages close in topological order: when a stage's workers have stopped,
         every request it will ever hand on has been handed on, so the next stage
-        can drain in turn.
+        can drain in turn.  ``timeout`` (seconds; None: as long as the batches
+        take) bounds the draining: what is still unanswered then fails with a
+        ``BatchError`` (see :meth:`DynamicBatcher.close`), and the worker
+        processes get a few more seconds to exit before they are stopped by
+        signal (:func:`~infergraph_lite.serving.processes.stop_processes`).
         """
         with self._admit:
             self._closed = True
+        deadline = None if timeout is None else time.monotonic() + timeout
         for stage_name in self._order:
-            self.batchers[stage_name].close()
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            self.batchers[stage_name].close(left)
+        for pool in self.stage_workers.values():
+            pool.close(timeout=1.0)
 
     def __enter__(self) -> GraphServer:
         return self

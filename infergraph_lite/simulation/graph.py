@@ -116,6 +116,15 @@ def simulate_graph(
     another in topological order: a stage's arrival times are the element-wise
     maximum of its dependencies' finish times.
 
+    What it models: **every stage's replicas are servers of their own** — a
+    replica is busy only with its own batches, so two stages never slow each
+    other down.  That is a server whose stages run on separate cores (worker
+    processes, ``GraphServer(workers="processes")``, on at least as many free
+    cores as busy stages), not stages sharing one interpreter lock or fewer
+    cores than stages: there a graph's capacity is bounded by the cores
+    instead, e.g. ``1 / (sum of the stages' work per request)`` for one core
+    (notebook 06, section 7).
+
     Exponential service times draw from a generator per stage, seeded with
     ``[seed, 1 + position of the stage in the dict]`` (so a one-stage graph
     repeats :func:`simulate_batching` with the same seed).  The first

@@ -1,0 +1,329 @@
+"""Simulated LLM serving: iteration-level (continuous) and request-level (static) batching (notebook 08).
+
+An LLM request is not one call but a loop: a prefill step over its prompt emits the first output token, then
+one decode step per further token.  The engine schedules per *step*: at every step boundary finished sequences
+leave and waiting requests join, bounded by ``max_num_seqs``, a per-step token budget and the KV cache.  The
+policy is :func:`~infergraph_lite.simulation.llm_scheduler.schedule_step`; this module checks the arguments,
+runs :class:`~infergraph_lite.simulation.llm_scheduler.LLMEngine` and summarises what it recorded.
+
+Knob names beside ours: vLLM ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
+``enable_chunked_prefill``; llama.cpp ``--parallel`` (slots), ``--ctx-size`` (the cache, shared by the slots),
+``--batch-size``; TGI ``--max-batch-total-tokens``, ``--max-batch-prefill-tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from infergraph_lite.core.arguments import check_count, check_fraction, check_number
+from infergraph_lite.core.metrics import LatencySummary, latency_percentile
+from infergraph_lite.simulation.llm_scheduler import LLMEngine
+
+__all__ = ["LLMResult", "simulate_llm"]
+
+StepTime = float | Callable[[int, int, int], float]
+Lengths = int | Sequence[int] | np.ndarray
+
+
+@dataclass(frozen=True)
+class LLMResult(LatencySummary):
+    """Per-request times of a simulated LLM engine run, and their summaries.
+
+    Per-request arrays hold every request, in request order; the summaries (``mean``, ``percentile``,
+    ``throughput``) leave out the first ``warmup`` fraction.  ``tpot`` and ``max_tbt`` are NaN for a request
+    with one output token (it has no gap), and the summaries skip them.  The ``steps_*`` arrays describe every
+    engine step: its end time, prefill tokens, decoding sequences, KV tokens held and KV slots allocated.
+    """
+
+    arrival: np.ndarray
+    first_token: np.ndarray     # when each request's first output token came (end of its prefill step)
+    finish: np.ndarray          # when its last token came
+    output_tokens: np.ndarray   # tokens generated
+    max_tbt: np.ndarray         # the longest gap between two consecutive tokens
+    throughput: float           # output tokens per second over the measured window
+    request_throughput: float   # requests finished per second over the measured window
+    makespan: float             # first arrival to last finish
+    preemptions: int            # sequences preempted (cache dropped, recomputed later)
+    kv_utilization: float       # time-averaged fraction of allocated KV slots holding real tokens
+    kv_occupancy: float         # time-averaged fraction of the KV cache allocated (NaN: unlimited cache)
+    warmup: int                 # requests left out of the summaries
+    steps_end: np.ndarray
+    steps_prefill_tokens: np.ndarray
+    steps_decode_seqs: np.ndarray
+    steps_kv_tokens: np.ndarray
+    steps_kv_slots: np.ndarray
+
+    @property
+    def e2e(self) -> np.ndarray:
+        """Arrival to last token, per request."""
+        return self.finish - self.arrival
+
+    @property
+    def ttft(self) -> np.ndarray:
+        """Time to first token: arrival to the end of the step that completed the prefill."""
+        return self.first_token - self.arrival
+
+    @property
+    def tpot(self) -> np.ndarray:
+        """Mean time per output token after the first."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.output_tokens > 1, (self.finish - self.first_token) / (self.output_tokens - 1),
+                            np.nan)
+
+    def measured(self, of: str = "e2e") -> np.ndarray:
+        """The per-request metric ``of`` (e2e, ttft, tpot, max_tbt) after the warm-up, NaNs left out."""
+        if of not in ("e2e", "ttft", "tpot", "max_tbt"):
+            raise ValueError(f"of must be one of 'e2e', 'ttft', 'tpot', 'max_tbt', got {of!r}")
+        values = getattr(self, of)[self.warmup:]
+        return values[~np.isnan(values)]
+
+    def mean(self, of: str = "e2e") -> float:
+        """Mean of ``of`` (e2e, ttft, tpot, max_tbt) over the measured requests."""
+        return float(self.measured(of).mean())
+
+    @property
+    def mean_latency(self) -> float:
+        return self.mean("e2e")
+
+    def percentile(self, q: float, of: str = "e2e") -> float:
+        """The q-th percentile of ``of`` over the measured requests: ``percentile(99, "ttft")`` is p99 TTFT."""
+        return latency_percentile(self.measured(of), q)
+
+    @property
+    def steps(self) -> int:
+        return len(self.steps_end)
+
+
+def simulate_llm(
+    *,
+    n_requests: int,
+    prompt_tokens: Lengths,
+    output_tokens: Lengths,
+    step_time: StepTime,
+    max_num_seqs: int,
+    arrival_rate: float | None = None,
+    arrivals: Sequence[float] | np.ndarray | None = None,
+    scheduling: str = "continuous",
+    max_num_batched_tokens: int | None = None,
+    kv_cache_tokens: int | None = None,
+    block_size: int = 16,
+    seed: int = 0,
+    prefill_first: bool = False,
+    chunked_prefill: bool = True,
+    kv_allocation: str = "paged",
+    max_tokens: int | None = None,
+    warmup: float = 0.0,
+) -> LLMResult:
+    """Simulate an LLM engine serving ``n_requests`` requests, step by step.
+
+    ``prompt_tokens`` and ``output_tokens`` are an int or one value per request.  Requests arrive as a
+    Poisson process at ``arrival_rate`` per second (seeded by ``seed``), or at the given sorted ``arrivals``
+    (which override the rate); with neither, all arrive at 0 — an offline batch.  ``step_time`` is the seconds
+    one engine step takes: a number, or ``step_time(prefill_tokens, decode_seqs, kv_tokens)`` called with what
+    the step holds.
+
+    A request's first token comes at the end of the step that completes its prefill, then one token per
+    step it is in, so a request alone takes exactly ``output_tokens`` steps.  ``scheduling="continuous"``:
+    sequences join and leave at every step boundary (iteration-level batching, as in Orca and vLLM), up to
+    ``max_num_seqs`` and the per-step budget ``max_num_batched_tokens`` (every token a step processes, one
+    per decoding sequence; None: no limit); running sequences first, prefills chunked into what is left
+    (vLLM V1, Sarathi-Serve), or ``prefill_first=True`` for vLLM V0's steps (new prompts whole, decodes wait);
+    ``chunked_prefill=False`` admits a prompt only if it fits the step whole.  ``scheduling="static"``: a batch
+    of up to ``max_num_seqs`` forms from what waits and runs until its longest member is done; nothing joins.
+
+    ``kv_cache_tokens`` (None: unlimited) is the KV cache, in blocks of ``block_size`` tokens.
+    ``kv_allocation="paged"`` allocates blocks as tokens arrive; a step short of a block preempts the newest
+    running sequence (its cache dropped and recomputed later, as vLLM does).  ``"reserve_max"`` reserves
+    prompt + ``max_tokens`` (default: the longest ``output_tokens``) for a request when it is admitted, as
+    systems before paged attention did.  The first ``warmup`` fraction of requests is left out of summaries.
+
+    One request alone, 4 output tokens at 10 ms a step, takes 40 ms; eight offline requests of 8, 7, ..., 1
+    tokens in static batches of 4 take 8 + 4 steps; continuously batched, 9 (36 tokens, 4 a step):
+
+    >>> simulate_llm(n_requests=1, prompt_tokens=16, output_tokens=4, step_time=0.01, max_num_seqs=8).e2e
+    array([0.04])
+    >>> lengths = [8, 7, 6, 5, 4, 3, 2, 1]
+    >>> for scheduling in ["static", "continuous"]:
+    ...     r = simulate_llm(n_requests=8, prompt_tokens=16, output_tokens=lengths, step_time=1.0,
+    ...                      max_num_seqs=4, scheduling=scheduling)
+    ...     print(scheduling, r.makespan, r.throughput)
+    static 12.0 3.0
+    continuous 9.0 4.0
+    """
+    n = check_count("n_requests", n_requests)
+    prompt = _lengths("prompt_tokens", prompt_tokens, n)
+    output = _lengths("output_tokens", output_tokens, n)
+    max_num_seqs = check_count("max_num_seqs", max_num_seqs)
+    block_size = check_count("block_size", block_size)
+    if scheduling not in ("continuous", "static"):
+        raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
+    if kv_allocation not in ("paged", "reserve_max"):
+        raise ValueError(f"kv_allocation must be 'paged' or 'reserve_max', got {kv_allocation!r}")
+    for name, flag in [("prefill_first", prefill_first), ("chunked_prefill", chunked_prefill)]:
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    check_fraction("warmup", warmup, allow_zero=True)
+    times = _arrivals(arrival_rate, arrivals, n, seed)
+    step = _step_time(step_time)
+
+    # The most a request ever holds in the cache: prompt + output - 1 (its last token is never fed back).
+    footprint = prompt + output - 1
+    reserve = None
+    if kv_allocation == "reserve_max":
+        longest = int(output.max()) if max_tokens is None else check_count("max_tokens", max_tokens)
+        if output.max() > longest:
+            raise ValueError(f"max_tokens ({longest}) is below the longest output_tokens ({int(output.max())})")
+        reserve = -(-(prompt + longest) // block_size)
+    num_blocks: float = math.inf
+    if kv_cache_tokens is not None:
+        cache = check_count("kv_cache_tokens", kv_cache_tokens)
+        num_blocks = cache // block_size
+        need = reserve if reserve is not None else -(-footprint // block_size)
+        worst = int(np.argmax(need))
+        if need[worst] > num_blocks:
+            what = "prompt + max_tokens" if reserve is not None else "prompt + output - 1 tokens"
+            raise ValueError(
+                f"kv_cache_tokens={cache} ({num_blocks} blocks of {block_size}) cannot hold request {worst}: "
+                f"its {what} need {int(need[worst])} blocks; raise kv_cache_tokens or shorten the request")
+    budget: float = math.inf
+    if max_num_batched_tokens is not None:
+        budget = check_count("max_num_batched_tokens", max_num_batched_tokens)
+        if budget < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be >= max_num_seqs ({max_num_seqs}): "
+                             "a step of max_num_seqs decoding sequences needs one token each (vLLM's rule too)")
+        whole = prefill_first or not chunked_prefill
+        # A prefill that may not be chunked must fit one step; after a preemption it is prompt + output so far.
+        longest_prefill = int((footprint if kv_cache_tokens is not None and reserve is None else prompt).max())
+        if whole and budget < longest_prefill:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) is below the longest prefill ({longest_prefill} tokens), "
+                "which must fit one step when prefills are not chunked; raise it or allow chunked_prefill")
+
+    engine = LLMEngine(prompt.tolist(), output.tolist(), times.tolist(), max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
+                       reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
+                       prefill_first=bool(prefill_first), static=scheduling == "static")
+    engine.run(step, None if callable(step_time) else float(step_time))
+    return _result(engine, times, num_blocks, block_size, int(warmup * n))
+
+
+def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
+    array = np.asarray(value)
+    if array.ndim == 0:
+        array = np.full(n, array)
+    if array.shape != (n,):
+        raise ValueError(f"{name} must be an int or one value per request ({n}), got shape {array.shape}")
+    if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.round(array)):
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu" or np.any(array < 1):
+        bad = array if array.dtype.kind not in "iuf" else array[~(array >= 1)][:1]
+        raise ValueError(f"{name} must be whole numbers >= 1, got {bad!r}")
+    return array.astype(np.int64)
+
+
+def _arrivals(arrival_rate: float | None, arrivals: Sequence[float] | np.ndarray | None, n: int,
+              seed: int) -> np.ndarray:
+    if arrivals is not None:
+        times = np.asarray(arrivals, dtype=float)
+        if times.shape != (n,):
+            raise ValueError(f"arrivals must hold one time per request ({n}), got shape {times.shape}")
+        if not np.all(np.isfinite(times)) or np.any(times < 0) or np.any(np.diff(times) < 0):
+            raise ValueError("arrivals must be finite, non-negative and sorted (requests are served FCFS)")
+        return times
+    if arrival_rate is None:
+        return np.zeros(n)
+    rate = check_number("arrival_rate", arrival_rate)
+    return np.random.default_rng(seed).exponential(1.0 / rate, n).cumsum()
+
+
+def _step_time(step_time: StepTime) -> Callable[[int, int, int], float]:
+    if callable(step_time):
+        probe = step_time(1, 0, 1)    # fail before anything runs if it cannot be called as documented
+        check_number("step_time(1, 0, 1)", probe)
+        return step_time
+    seconds = check_number("step_time", step_time)
+    return lambda prefill, decode, kv: seconds
+
+
+def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int) -> LLMResult:
+    first = np.array(e.first_token)
+    finish = np.array(e.finish_time)
+    generated = np.array(e.generated)
+    end, dt, prefill, decode, kv_tokens, kv_blocks = _steps(e)
+    max_tbt = _max_token_gaps(e, end[decode > 0])
+    slots_time = float(np.sum(dt * kv_blocks)) * block_size
+    makespan = float(finish.max() - times.min())
+    window = float(finish[skip:].max() - times[skip])
+    return LLMResult(
+        arrival=times, first_token=first, finish=finish, output_tokens=generated, max_tbt=max_tbt,
+        throughput=float(generated[skip:].sum() / window) if window > 0 else math.inf,
+        request_throughput=float((len(times) - skip) / window) if window > 0 else math.inf,
+        makespan=makespan, preemptions=e.preemptions,
+        kv_utilization=float(np.sum(dt * kv_tokens) / slots_time) if slots_time > 0 else math.nan,
+        kv_occupancy=(float(slots_time / (num_blocks * block_size * makespan))
+                      if num_blocks != math.inf and makespan > 0 else math.nan),
+        warmup=skip, steps_end=end, steps_prefill_tokens=prefill, steps_decode_seqs=decode,
+        steps_kv_tokens=kv_tokens, steps_kv_slots=kv_blocks * block_size)
+
+
+def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
+    # The engine's runs of identical steps, one entry per step: end, duration, prefill tokens, decoding
+    # sequences, KV tokens held and blocks allocated.
+    runs = np.array(e.runs, dtype=float).reshape(-1, 9)   # ints held exactly: all far below 2**53
+    k = runs[:, 3].astype(np.int64)
+    starts = np.cumsum(k) - k
+    offset = np.arange(int(k.sum())) - np.repeat(starts, k)     # the step's position in its run
+    dt = np.repeat(runs[:, 2], k)
+    end = np.repeat(runs[:, 1], k) + (offset + 1) * dt
+    prefill, decode, kv_tokens, blocks, pattern = (np.repeat(runs[:, c].astype(np.int64), k) for c in range(4, 9))
+    kv_tokens += offset * decode
+    if e.patterns:
+        # In a run of decodes, step m allocates needs[m % block_size] blocks; add them up within each run.
+        table = np.array(sorted(e.patterns, key=e.patterns.__getitem__), dtype=np.int64)
+        needs = np.zeros(len(offset), dtype=np.int64)
+        later = (pattern >= 0) & (offset > 0)
+        needs[later] = table[pattern[later], offset[later] % e.block_size]
+        total = np.cumsum(needs)
+        blocks += total - np.repeat(total[starts], k)
+    return end, dt, prefill, decode, kv_tokens, blocks
+
+
+def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray) -> np.ndarray:
+    # Each segment: a token at `first` (a prefill's end), then one at each decode step from..to.  Its longest
+    # gap is max(decode_end[from] - first, the longest decode-step-to-decode-step gap in from+1..to).
+    gaps = np.diff(decode_end)                     # gaps[k] = decode_end[k + 1] - decode_end[k]
+    # A request never preempted while decoding has one segment: first token, then decode steps from its
+    # decode start to its last token; the engine records only the others' segments.
+    output = np.array(e.output, dtype=np.int64)
+    single = np.flatnonzero((np.array(e.version) == 0) & (output > 1))
+    start = np.array(e.decode_start, dtype=np.int64)[single]
+    req = np.concatenate([single, np.array(e.seg_request, dtype=np.int64)])
+    first = np.concatenate([np.array(e.first_token)[single], e.seg_first])
+    lo = np.concatenate([start, np.array(e.seg_from, dtype=np.int64)])
+    hi = np.concatenate([start + output[single] - 2, np.array(e.seg_to, dtype=np.int64)])
+    has = hi >= lo
+    seg_max = np.full(len(req), np.nan)
+    seg_max[has] = decode_end[lo[has]] - first[has]
+    inner = hi > lo                                # gaps[lo .. hi-1]
+    if inner.any():
+        seg_max[inner] = np.maximum(seg_max[inner], _range_max(gaps, lo[inner], hi[inner]))
+    result = np.array(e.max_gap)
+    ok = ~np.isnan(seg_max)
+    np.fmax.at(result, req[ok], seg_max[ok])
+    return result
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    # max(values[lo:hi]) for many non-empty ranges at once.  reduceat over the interleaved bounds reduces
+    # each [lo, hi) and, between them, [hi, next lo): sorted by lo, all of that adds up to about one pass.
+    order = np.argsort(lo, kind="stable")
+    bounds = np.empty(2 * len(lo), dtype=np.int64)
+    bounds[0::2], bounds[1::2] = lo[order], hi[order]
+    padded = np.append(values, -np.inf)            # hi may be len(values)
+    result = np.empty(len(lo))
+    result[order] = np.maximum.reduceat(padded, bounds)[0::2]
+    return result

@@ -1,0 +1,46 @@
+"""Batch functions for the process-mode tests: module-level, so a worker process imports them by name.
+
+Kept apart from the test modules so that a worker imports only this (and the package), not pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_pairs(pairs: list[tuple[int, int]]) -> list[int]:
+    return [a + b for a, b in pairs]
+
+
+def fail_on(items: list[int], bad: int) -> list[int]:
+    """Raise ValueError (naming the item) when the batch holds ``bad``."""
+    if bad in items:
+        raise ValueError(f"item {bad} is bad")
+    return items
+
+
+def wait_for_file(items: list[Any], started: str, release: str) -> list[Any]:
+    """Say which process runs the batch (writes its PID to ``started``), then wait for ``release`` to exist."""
+    Path(started).write_text(str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return items
+
+
+def exit_on(items: list[int], bad: int) -> list[int]:
+    """The worker process exits (code 3) in the middle of a batch holding ``bad``."""
+    if bad in items:
+        os._exit(3)
+    return items
+
+
+def unpicklable_answers(items: list[Any]) -> list[Any]:
+    return [lambda item=item: item for item in items]  # a lambda does not pickle
+
+
+def raise_system_exit(items: list[Any]) -> list[Any]:
+    raise SystemExit("a model called exit()")

@@ -1,0 +1,361 @@
+"""simulate_llm: exact cases from theory, conservation, errors, and a differential test against a plain reference.
+
+The reference below is the same policy written the obvious way: every sequence an object, every step a loop
+over all of them.  The simulator keeps decoding sequences' state implicit to be fast; the two must agree on
+every request's every token time, step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from infergraph_lite import LLMResult, simulate_llm
+from infergraph_lite.simulation.llm_theory import (
+    continuous_gain,
+    expected_max_length,
+    one_slot_mean_latency,
+    static_offline_makespan,
+)
+
+# --- the reference: one object per sequence, one loop over all of them per step ---------------------------
+
+
+class Seq:
+    def __init__(self, i: int, prompt: int, output: int) -> None:
+        self.i, self.prompt, self.output = i, prompt, output
+        self.num_tokens, self.computed, self.generated, self.blocks = prompt, 0, 0, 0
+        self.decoding = False
+        self.times: list[float] = []
+
+
+def reference(prompt, output, arrival, *, max_num_seqs, budget=math.inf, num_blocks=math.inf, block_size=16,
+              reserve=None, chunked=True, prefill_first=False, static=False, step_time=lambda p, d, kv: 1.0):
+    seqs = [Seq(i, p, o) for i, (p, o) in enumerate(zip(prompt, output))]
+    n = len(seqs)
+    waiting: deque[Seq] = deque()
+    running: list[Seq] = []
+    state = {"free": num_blocks, "preemptions": 0}
+    now, nxt, done, steps = 0.0, 0, 0, []
+
+    def want(s, ntok):
+        return reserve[s.i] if reserve is not None else -(-(s.computed + ntok) // block_size)
+
+    def alloc(s, ntok):
+        need = want(s, ntok) - s.blocks
+        if need > state["free"]:
+            return False
+        if need > 0:
+            state["free"] -= need
+            s.blocks += need
+        return True
+
+    def preempt(s, sched):
+        running.remove(s)
+        sched[:] = [(x, k) for x, k in sched if x is not s]
+        state["free"] += s.blocks
+        s.blocks, s.computed, s.decoding = 0, 0, False
+        waiting.appendleft(s)
+        state["preemptions"] += 1
+
+    def admit(sched, left, whole):
+        while waiting and len(running) < max_num_seqs and left > 0:
+            s = waiting[0]
+            ntok = s.num_tokens - s.computed
+            if not whole:
+                ntok = min(ntok, left)
+            if ntok > left or not alloc(s, ntok):
+                break
+            waiting.popleft()
+            running.append(s)
+            sched.append((s, ntok))
+            left -= ntok
+        return left
+
+    while done < n:
+        if not running and not waiting:
+            now = max(now, arrival[nxt])
+        while nxt < n and arrival[nxt] <= now:
+            waiting.append(seqs[nxt])
+            nxt += 1
+        sched: list[tuple[Seq, int]] = []
+        left, preempted = budget, False
+        prefill_step = False
+        if static:
+            if not running:
+                while waiting and len(running) < max_num_seqs and alloc(waiting[0], waiting[0].num_tokens):
+                    running.append(waiting.popleft())
+        elif prefill_first:
+            admit(sched, left, whole=True)
+            prefill_step = bool(sched)
+        if not prefill_step:
+            for phase in (True, False):       # decodes first, then prefills, each in admission order
+                k = 0
+                while k < len(running):
+                    s = running[k]
+                    if s.decoding != phase or (not phase and left <= 0):
+                        k += 1
+                        continue
+                    if not phase and not chunked and s.num_tokens - s.computed > left:
+                        break
+                    ntok = 1 if phase else min(s.num_tokens - s.computed, left)
+                    ok = True
+                    while not alloc(s, ntok):
+                        victim = running[-1]
+                        preempt(victim, sched)
+                        preempted = True
+                        if victim is s:
+                            ok = False
+                            break
+                    if not ok:
+                        continue              # s was the newest; nothing after it remains
+                    sched.append((s, ntok))
+                    left -= ntok
+                    k += 1
+            if not (static or prefill_first or preempted):
+                admit(sched, left, whole=not chunked)
+        decode = sum(1 for s, _ in sched if s.decoding)
+        prefill = sum(k for s, k in sched if not s.decoding)
+        for s, k in sched:
+            s.computed += k
+        kv = sum(s.computed for s in running)
+        now += step_time(prefill, decode, kv)
+        steps.append((now, prefill, decode, kv))
+        for s, _ in sched:
+            if s.computed == s.num_tokens:
+                s.generated += 1
+                s.num_tokens += 1
+                s.times.append(now)
+                s.decoding = True
+                if s.generated == s.output:
+                    running.remove(s)
+                    state["free"] += s.blocks
+                    s.blocks = 0
+                    done += 1
+    return seqs, steps, state["preemptions"]
+
+
+def run_both(prompt, output, arrivals, *, step_time=1.0, **kw):
+    r = simulate_llm(n_requests=len(prompt), prompt_tokens=prompt, output_tokens=output, arrivals=arrivals,
+                     step_time=step_time, **kw)
+    kv = kw.get("kv_cache_tokens")
+    bs = kw.get("block_size", 16)
+    reserve = None
+    if kw.get("kv_allocation") == "reserve_max":
+        longest = kw.get("max_tokens") or max(output)
+        reserve = [-(-(p + longest) // bs) for p in prompt]
+    budget = kw.get("max_num_batched_tokens")
+    seqs, steps, preemptions = reference(
+        prompt, output, list(arrivals), max_num_seqs=kw["max_num_seqs"],
+        budget=math.inf if budget is None else budget, num_blocks=math.inf if kv is None else kv // bs,
+        block_size=bs, reserve=reserve, chunked=kw.get("chunked_prefill", True),
+        prefill_first=kw.get("prefill_first", False), static=kw.get("scheduling") == "static",
+        step_time=step_time if callable(step_time) else (lambda p, d, k: step_time))
+    return r, seqs, steps, preemptions
+
+
+def assert_agree(r: LLMResult, seqs, steps, preemptions):
+    assert r.preemptions == preemptions
+    assert r.steps == len(steps)
+    np.testing.assert_allclose(r.steps_end, [s[0] for s in steps], rtol=1e-12)
+    assert r.steps_prefill_tokens.tolist() == [s[1] for s in steps]
+    assert r.steps_decode_seqs.tolist() == [s[2] for s in steps]
+    assert r.steps_kv_tokens.tolist() == [s[3] for s in steps]
+    assert r.output_tokens.tolist() == [len(s.times) for s in seqs] == [s.output for s in seqs]
+    np.testing.assert_allclose(r.first_token, [s.times[0] for s in seqs], rtol=1e-12)
+    np.testing.assert_allclose(r.finish, [s.times[-1] for s in seqs], rtol=1e-12)
+    gaps = [max(np.diff(s.times)) if len(s.times) > 1 else np.nan for s in seqs]
+    np.testing.assert_allclose(r.max_tbt, gaps, rtol=1e-12)
+
+
+# --- exact cases -------------------------------------------------------------------------------------------
+
+
+def test_a_request_alone_takes_output_tokens_steps():
+    r = simulate_llm(n_requests=3, prompt_tokens=[5, 50, 500], output_tokens=[1, 7, 30], step_time=0.5,
+                     max_num_seqs=4, arrivals=[0.0, 100.0, 200.0])
+    np.testing.assert_allclose(r.e2e, [0.5, 3.5, 15.0])
+    np.testing.assert_allclose(r.ttft, [0.5, 0.5, 0.5])
+    np.testing.assert_allclose(r.tpot, [np.nan, 0.5, 0.5])
+    np.testing.assert_allclose(r.max_tbt, [np.nan, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("lengths", ["fixed", "random"])
+def test_one_slot_is_an_mg1_queue(lengths):
+    # max_num_seqs=1: a request holds the engine for output_tokens steps, and the next starts at its end.
+    rng = np.random.default_rng(3)
+    n, step = 100_000, 0.01
+    output = 20 if lengths == "fixed" else rng.integers(1, 40, n)    # uniform on 1..39, mean 20
+    values = np.arange(1, 40) if lengths == "random" else 20
+    rate = 0.6 / (20 * step)
+    theory = one_slot_mean_latency(rate, values, step)
+    r = simulate_llm(n_requests=n, prompt_tokens=8, output_tokens=output, step_time=step, max_num_seqs=1,
+                     arrival_rate=rate, seed=1, warmup=0.05)
+    assert r.mean() == pytest.approx(theory, rel=0.02)             # about 3 standard errors
+    np.testing.assert_allclose(r.e2e - r.ttft, (r.output_tokens - 1) * step, atol=1e-9)   # served alone
+
+
+def test_static_offline_makespan_is_the_sum_of_each_batchs_longest():
+    rng = np.random.default_rng(0)
+    output = rng.integers(1, 100, 1000)
+    r = simulate_llm(n_requests=1000, prompt_tokens=rng.integers(1, 200, 1000), output_tokens=output,
+                     step_time=0.02, max_num_seqs=16, scheduling="static")
+    assert r.makespan == pytest.approx(static_offline_makespan(output, 16, 0.02), rel=1e-12)
+
+
+@pytest.mark.parametrize("b", [4, 32])
+def test_offline_continuous_over_static_gain_tends_to_expected_max_over_mean(b):
+    rng = np.random.default_rng(1)
+    n = 20_000
+    output = rng.integers(1, 201, n)                              # uniform on 1..200
+    runs = {s: simulate_llm(n_requests=n, prompt_tokens=16, output_tokens=output, step_time=1.0,
+                            max_num_seqs=b, scheduling=s) for s in ("static", "continuous")}
+    gain = runs["continuous"].throughput / runs["static"].throughput
+    assert gain == pytest.approx(continuous_gain(np.arange(1, 201), b), rel=0.02)
+    assert gain > 1.3
+
+
+def test_expected_max_length_against_sampling():
+    rng = np.random.default_rng(2)
+    draws = rng.integers(1, 11, (200_000, 5)).max(axis=1)
+    assert expected_max_length(np.arange(1, 11), 5) == pytest.approx(draws.mean(), rel=0.005)
+
+
+# --- conservation ------------------------------------------------------------------------------------------
+
+
+def test_every_request_gets_exactly_its_tokens_under_preemption():
+    rng = np.random.default_rng(4)
+    n = 3000
+    prompt, output = rng.integers(1, 300, n), rng.integers(1, 300, n)
+    r = simulate_llm(n_requests=n, prompt_tokens=prompt, output_tokens=output, step_time=0.01, max_num_seqs=32,
+                     arrival_rate=500.0, kv_cache_tokens=4096, block_size=16, max_num_batched_tokens=512)
+    assert r.preemptions > 100                    # the cache is small: the case under test happens
+    assert r.output_tokens.tolist() == output.tolist()
+    assert np.all(r.finish >= r.first_token) and np.all(r.first_token > r.arrival)
+    # A token per decode, one per first prefill, and one per recompute of a preempted decoding sequence.
+    assert r.steps_decode_seqs.sum() + n <= output.sum() <= r.steps_decode_seqs.sum() + n + r.preemptions
+    # Everything a preempted sequence had computed is recomputed: prefill tokens >= the prompts.
+    assert r.steps_prefill_tokens.sum() > prompt.sum()
+    assert np.all(r.steps_kv_tokens <= r.steps_kv_slots) and np.all(r.steps_kv_slots <= 4096)
+    assert r.steps_decode_seqs.max() <= 32 and np.all(r.steps_prefill_tokens + r.steps_decode_seqs <= 512)
+
+
+def test_reserve_max_never_preempts_and_wastes_the_cache():
+    rng = np.random.default_rng(5)
+    n = 2000
+    output = rng.integers(1, 256, n)
+    kw = dict(n_requests=n, prompt_tokens=64, output_tokens=output, step_time=0.01, max_num_seqs=64,
+              arrival_rate=300.0, kv_cache_tokens=16384)
+    paged = simulate_llm(**kw)
+    reserved = simulate_llm(**kw, kv_allocation="reserve_max")
+    assert reserved.preemptions == 0 and reserved.output_tokens.tolist() == output.tolist()
+    assert paged.kv_utilization > 0.9 > 0.6 > reserved.kv_utilization
+    assert reserved.steps_decode_seqs.mean() < paged.steps_decode_seqs.mean()   # fewer fit at once
+    assert reserved.mean() > paged.mean()
+
+
+def test_prefill_first_stalls_decodes_and_decode_first_chunks_prefills():
+    rng = np.random.default_rng(6)
+    n = 3000
+    kw = dict(n_requests=n, prompt_tokens=rng.integers(200, 1000, n), output_tokens=rng.integers(10, 200, n),
+              step_time=lambda p, d, kv: 0.005 + 2e-5 * p + 1e-4 * d, max_num_seqs=32, arrival_rate=8.0,
+              max_num_batched_tokens=1024)
+    v1 = simulate_llm(**kw)
+    v0 = simulate_llm(**kw, prefill_first=True)
+    assert v0.percentile(99, "max_tbt") > v1.percentile(99, "max_tbt")
+    assert v0.mean("ttft") < v1.mean("ttft")
+    assert (v1.steps_prefill_tokens + v1.steps_decode_seqs).max() == 1024     # prefills chunked to fill the budget
+
+
+# --- differential: the simulator against the reference, token by token -------------------------------------
+
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 10))
+    prompt = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+    output = draw(st.lists(st.integers(1, 25), min_size=n, max_size=n))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.5, 7.0]), min_size=n, max_size=n))
+    kw = dict(max_num_seqs=draw(st.integers(1, 5)), block_size=draw(st.sampled_from([1, 2, 4, 16])),
+              scheduling=draw(st.sampled_from(["continuous", "continuous", "static"])),
+              prefill_first=draw(st.booleans()), chunked_prefill=draw(st.booleans()),
+              kv_allocation=draw(st.sampled_from(["paged", "paged", "reserve_max"])))
+    bs = kw["block_size"]
+    footprint = max(-(-(p + o - 1) // bs) for p, o in zip(prompt, output))
+    if kw["kv_allocation"] == "reserve_max":
+        footprint = max(-(-(p + max(output)) // bs) for p in prompt)
+    if draw(st.booleans()):
+        kw["kv_cache_tokens"] = bs * (footprint + draw(st.integers(0, 6)))
+    if draw(st.booleans()):
+        whole = kw["prefill_first"] or not kw["chunked_prefill"]
+        limited = "kv_cache_tokens" in kw and kw["kv_allocation"] == "paged"
+        low = max(kw["max_num_seqs"], max((p + o - 1) if limited else p for p, o in zip(prompt, output))
+                  if whole else 1)
+        kw["max_num_batched_tokens"] = draw(st.integers(low, low + 30))
+    step = draw(st.sampled_from(["constant", "linear"]))
+    kw["step_time"] = 1.0 if step == "constant" else (lambda p, d, kv: 0.25 + 0.01 * p + 0.05 * d + 0.001 * kv)
+    return prompt, output, np.cumsum(gaps).tolist(), kw
+
+
+@given(workloads())
+def test_agrees_with_the_plain_reference_on_random_workloads(case):
+    prompt, output, arrivals, kw = case
+    assert_agree(*run_both(prompt, output, arrivals, **kw))
+
+
+def test_agrees_with_the_reference_under_heavy_preemption():
+    rng = np.random.default_rng(7)
+    n = 300
+    prompt, output = rng.integers(1, 60, n).tolist(), rng.integers(1, 80, n).tolist()
+    arrivals = np.cumsum(rng.exponential(0.3, n)).tolist()
+    for kw in [dict(kv_cache_tokens=160, block_size=8, max_num_seqs=8, max_num_batched_tokens=48),
+               dict(kv_cache_tokens=160, block_size=4, max_num_seqs=6, prefill_first=True,
+                    max_num_batched_tokens=160),
+               dict(kv_cache_tokens=200, block_size=4, max_num_seqs=6, scheduling="static")]:
+        r, seqs, steps, preemptions = run_both(prompt, output, arrivals, **kw)
+        assert preemptions > 10
+        assert_agree(r, seqs, steps, preemptions)
+
+
+# --- errors name the argument, before anything runs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(prompt_tokens=-3), "prompt_tokens must be whole numbers >= 1"),
+    (dict(output_tokens=[4, 0, 4]), "output_tokens must be whole numbers >= 1"),
+    (dict(output_tokens=[4, 4]), r"output_tokens must be an int or one value per request \(3\)"),
+    (dict(prompt_tokens=2.5), "prompt_tokens must be whole numbers"),
+    (dict(kv_cache_tokens=64), "kv_cache_tokens=64 .* cannot hold request 0"),
+    (dict(max_num_batched_tokens=4), r"max_num_batched_tokens \(4\) must be >= max_num_seqs \(8\)"),
+    (dict(max_num_batched_tokens=50, prefill_first=True), r"max_num_batched_tokens \(50\) is below the longest"),
+    (dict(max_num_seqs=0), "max_num_seqs must be an integer >= 1"),
+    (dict(step_time=0), "step_time must be > 0"),
+    (dict(step_time=lambda p, d, kv: -1.0), r"step_time\(1, 0, 1\) must be > 0"),
+    (dict(scheduling="orca"), "scheduling must be 'continuous' or 'static'"),
+    (dict(kv_allocation="contiguous"), "kv_allocation must be 'paged' or 'reserve_max'"),
+    (dict(arrivals=[1.0, 0.0, 2.0]), "arrivals must be finite, non-negative and sorted"),
+    (dict(arrivals=[0.0, 1.0]), r"arrivals must hold one time per request \(3\)"),
+    (dict(arrival_rate=-1.0), "arrival_rate must be > 0"),
+    (dict(kv_allocation="reserve_max", max_tokens=10), r"max_tokens \(10\) is below the longest output_tokens"),
+    (dict(warmup=1.0), r"warmup must be a fraction in \[0, 1\)"),
+])
+def test_bad_input_names_the_argument(kw, message):
+    args = dict(n_requests=3, prompt_tokens=100, output_tokens=20, step_time=0.01, max_num_seqs=8)
+    with pytest.raises(ValueError, match=message):
+        simulate_llm(**{**args, **kw})
+
+
+def test_summaries_leave_out_the_warmup_but_arrays_keep_every_request():
+    r = simulate_llm(n_requests=100, prompt_tokens=8, output_tokens=np.arange(1, 101), step_time=1.0,
+                     max_num_seqs=4, arrival_rate=0.05, warmup=0.5)
+    assert len(r.e2e) == 100 and r.warmup == 50
+    assert r.mean() == pytest.approx(r.e2e[50:].mean())
+    assert r.percentile(50, "ttft") == pytest.approx(np.median(r.ttft[50:]))
+    with pytest.raises(ValueError, match="of must be one of"):
+        r.mean("latency")
