@@ -104,10 +104,12 @@ def check_ensemble_on_triton(config: str | Callable[[], str]) -> str:
             "{'len': 6, 'a_count': 3}")
     require(answers["Alfalfa"] == {"len": 7, "a_count": 3}, f"for 'Alfalfa' it answered {answers['Alfalfa']!r}")
     branches = stats["modelA"].request_time + stats["modelB"].request_time
-    require(one_request < 0.8 * branches, f"one request took {one_request:.2f} s, as long as modelA and modelB "
+    # Run one after the other, the two models add up to 0.2 s; at the same time, about 0.1 s.  0.8 of the sum
+    # leaves room for Triton's hops on a busy machine and is still well short of running them in turn.
+    require(one_request < 0.8 * branches, f"one request took {one_request:.2f} s, more than 0.8 of modelA and modelB "
                                           f"added up ({branches:.2f} s): they did not run at the same time")
-    return ("Triton loaded your ensemble and answered both texts correctly, and one request took less than modelA "
-            "and modelB added up: they ran in parallel.")
+    return ("Triton loaded your ensemble and answered both texts correctly, and one request took less than 0.8 of "
+            "modelA and modelB added up: they ran in parallel.")  # no timings: this line is a stored output
 
 
 def _batching_gain(alpha: float, beta: float, b: int = 16) -> float:
@@ -132,10 +134,11 @@ def check_batching_where_it_pays(choose_batching: Callable[[dict], dict]) -> str
             knobs = options.get(name, {})
             size = require_count(f"max_batch_size of {name!r}", knobs.get("max_batch_size", 1))
             if gain >= 2:
-                require(size >= 8, f"{name} (α={alpha} ms, β={beta} ms): batches of 16 raise its capacity {gain:.1f}x, "
-                                   f"so turn batching on (max_batch_size 16), not {size}")
+                require(size == 16, f"{name} (α={alpha} ms, β={beta} ms): batches of 16 raise its capacity "
+                                    f"{gain:.1f}x, so turn batching on with max_batch_size 16, not {size}")
                 wait = require_number(f"max_wait of {name!r}", knobs.get("max_wait", 0.0), positive=False)
-                require(wait <= 0.002, f"{name}: keep max_wait at 2 ms or less (in seconds); got {wait}")
+                require(wait == 0.0, f"{name}: max_wait is 0.0 (seconds: batch whatever queued, never wait for "
+                                     f"more); got {wait}")
             else:
                 require(size == 1, f"{name} (α={alpha} ms, β={beta} ms): batches of 16 raise its capacity only "
                                    f"{gain:.2f}x; batching there buys waiting, not throughput, so leave it at 1")
@@ -149,8 +152,8 @@ def check_third_model(factory: Callable[[], dict]) -> str:
     require(isinstance(stages, dict) and "length" in stages, "the stage graph has no 'length' node")
     deps = list(stages["length"][1])
     require(deps == ["tokenize"], f"length should read ['tokenize'] (it counts words), not {deps}")
-    require(set(stages["merge"][1]) == {"topic", "sentiment", "length"},
-            f"merge should read topic, sentiment and length, not {list(stages['merge'][1])}")
+    require(list(stages["merge"][1]) == ["topic", "sentiment", "length"],
+            f"merge should read topic, sentiment and length, in that order, not {list(stages['merge'][1])}")
     require(set(stages) == {"tokenize", "embed", "topic", "sentiment", "merge", "format", "length"},
             "keep the six nodes of the text pipeline and add only length")
     for text in ("The pizza was excellent for lunch.", "Awful hotel, never again!"):
