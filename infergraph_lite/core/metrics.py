@@ -61,8 +61,11 @@ class LatencySummary:
 
     @property
     def latencies(self) -> np.ndarray:
-        """Arrival to finish, per request."""
-        return self.finish - self.arrival
+        """Arrival to finish, per answered request (a request shed by a queue limit or timeout has a NaN finish
+        and is left out; with none shed, one entry per request in order)."""
+        latencies = self.finish - self.arrival
+        answered = ~np.isnan(latencies)
+        return latencies if answered.all() else latencies[answered]
 
     @property
     def mean_latency(self) -> float:

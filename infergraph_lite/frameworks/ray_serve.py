@@ -59,6 +59,7 @@ from typing import Any  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
+from ray.serve.exceptions import BackPressureError  # noqa: E402
 
 from infergraph_lite.core.autoscaling import AutoscalingConfig  # noqa: E402
 from infergraph_lite.core.execute import NodeError  # noqa: E402
@@ -71,6 +72,7 @@ from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
     deployment_options,
     from_stage,
 )
+from infergraph_lite.serving.batcher import QueueFullError  # noqa: E402
 from infergraph_lite.serving.processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
 
 __all__ = [
@@ -436,6 +438,9 @@ class RayServeGraph:
     async def _answer(response: Any) -> dict[str, Any]:
         result = await response
         if isinstance(result, _Failed):
+            if isinstance(result.error, BackPressureError):  # max_queued_requests: Serve shed it, as it says
+                raise QueueFullError(f"Ray Serve refused the request at stage {result.node!r}: {result.error}",
+                                     stage=result.node) from result.error
             raise NodeError(result.node, result.error) from result.error
         return result
 

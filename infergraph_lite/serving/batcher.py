@@ -25,22 +25,52 @@ from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.serving.metrics import BatchRecord, RequestRecord
 
-__all__ = ["BatchError", "Clock", "DynamicBatcher", "QueueFullError", "SystemClock"]
+__all__ = ["BatchError", "Clock", "DynamicBatcher", "QueueFullError", "QueueTimeoutError", "RequestRefusedError",
+           "SystemClock", "is_refusal"]
 
 
 class BatchError(RuntimeError):
     """The batch a request was in failed; ``__cause__`` holds what ``batch_fn`` raised, if it raised."""
 
 
-class QueueFullError(RuntimeError):
-    """``submit`` found ``max_queue_size`` requests already waiting: shed load instead of queueing forever.
+class RequestRefusedError(RuntimeError):
+    """The server shed this request instead of answering it (overload), as opposed to failing while serving it.
 
-    ``.stage`` names the stage of a :class:`GraphServer` that refused the request (None for a lone batcher).
+    ``.stage`` names the stage that refused it (None for a lone batcher).  The load generators count these as
+    refused, not failed (:func:`is_refusal`); a framework's own refusal (Triton's "Exceeds maximum queue
+    size", Ray Serve's ``BackPressureError``) reaches the caller as one of these, the framework's error its
+    ``__cause__``.
     """
 
     def __init__(self, message: str, stage: str | None = None):
         super().__init__(message)
         self.stage = stage
+
+
+class QueueFullError(RequestRefusedError):
+    """``submit`` found ``max_queue_size`` requests already waiting: shed load instead of queueing forever."""
+
+
+class QueueTimeoutError(RequestRefusedError):
+    """The request was still waiting ``queue_timeout`` after it was submitted, so it was dropped before any batch
+    ran it (Triton's ``default_timeout_microseconds`` with ``timeout_action: REJECT``)."""
+
+
+def is_refusal(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error it was raised from, is a :class:`RequestRefusedError` (load shed).
+
+    >>> try:
+    ...     raise KeyError("wrapped") from QueueFullError("full")
+    ... except KeyError as err:
+    ...     is_refusal(err), is_refusal(ValueError("a bug"))
+    (True, False)
+    """
+    seen = 0
+    while error is not None and seen < 20:  # a cause chain is short; a cycle would not be
+        if isinstance(error, RequestRefusedError):
+            return True
+        error, seen = error.__cause__, seen + 1
+    return False
 
 
 class Clock(Protocol):
@@ -76,7 +106,11 @@ class DynamicBatcher:
     and ``max_wait`` (seconds) are the :class:`~infergraph_lite.core.policy.BatchPolicy`;
     ``replicas`` worker threads share the queue, as model instances share
     Triton's; ``max_queue_size`` bounds the waiting requests (a full queue
-    refuses new ones with :class:`QueueFullError`).  ``clock`` is a callable
+    refuses new ones with :class:`QueueFullError`); a request still waiting
+    ``queue_timeout`` seconds after its submit fails with
+    :class:`QueueTimeoutError` before any batch runs it (Triton's
+    ``default_timeout_microseconds``, ``timeout_action: REJECT``), and no
+    longer holds a place in the queue.  ``clock`` is a callable
     returning seconds (default ``time.monotonic``) or a :class:`Clock`; a
     virtual one makes the batcher's decisions reproducible in tests.
 
@@ -98,11 +132,14 @@ class DynamicBatcher:
         replicas: int = 1,
         clock: Clock | Callable[[], float] = time.monotonic,
         name: str = "dynamic-batcher",
+        queue_timeout: float | None = None,
     ):
         if not callable(batch_fn):
             raise ValueError(f"batch_fn must be callable, got {batch_fn!r}")
         self.policy = BatchPolicy(max_batch_size, max_wait)
         self.max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
+        self.queue_timeout = None if queue_timeout is None else check_number("queue_timeout", queue_timeout,
+                                                                              positive=False)
         self.replicas = check_count("replicas", replicas) or 1
         if isinstance(clock, SystemClock) or (hasattr(clock, "now") and hasattr(clock, "wait")):
             self.clock: Clock = clock
@@ -159,19 +196,49 @@ class DynamicBatcher:
             if self._broken is not None:
                 raise BatchError(f"{self.name}: a worker thread died ({type(self._broken).__name__}: "
                                  f"{self._broken}); the batcher accepts no more requests")
+            expired = self._expired(self.clock.now())  # a request past its deadline no longer holds a place
             if self.max_queue_size is not None and len(self._queue) >= self.max_queue_size:
-                raise QueueFullError(f"{self.name}: queue is full ({self.max_queue_size} waiting, max_queue_size); "
-                                     "request refused")
-            future: Future = Future()
-            self._queue.append(_Pending(self._submitted, item, future, self.clock.now()))
-            self._submitted += 1
-            # Wake a worker only when one may be idle (queue was empty) or a batch just filled: otherwise the
-            # workers are busy or waiting out the window and will look again by themselves.  Waking one per
-            # request costs a lock and GIL hand-over each and makes it start batches of one.
-            queued, cap = len(self._queue), self.policy.cap
-            if queued == 1 or (cap is not None and queued % cap == 0):
-                self._cond.notify()
+                refusal = QueueFullError(f"{self.name}: queue is full ({self.max_queue_size} waiting, "
+                                         "max_queue_size); request refused")
+            else:
+                refusal = None
+                future = self._enqueue(item)
+        self._time_out(expired)
+        if refusal is not None:
+            raise refusal
         return future
+
+    def _enqueue(self, item: Any) -> Future:
+        # Under the lock: queue one request and wake a worker if one may be idle.
+        future: Future = Future()
+        self._queue.append(_Pending(self._submitted, item, future, self.clock.now()))
+        self._submitted += 1
+        # Wake a worker only when one may be idle (queue was empty) or a batch just filled: otherwise the
+        # workers are busy or waiting out the window and will look again by themselves.  Waking one per
+        # request costs a lock and GIL hand-over each and makes it start batches of one.
+        queued, cap = len(self._queue), self.policy.cap
+        if queued == 1 or (cap is not None and queued % cap == 0):
+            self._cond.notify()
+        return future
+
+    def _expired(self, now: float, front_too: bool = False) -> list[_Pending]:
+        # Under the lock: take out the waiting requests whose deadline has passed (the oldest first: they
+        # share one timeout, so deadlines come in queue order); with front_too, the oldest one in any case.
+        if self.queue_timeout is None:
+            return []
+        expired = []
+        while self._queue and (self._queue[0].submitted + self.queue_timeout < now or front_too):
+            expired.append(self._queue.popleft())
+            front_too = False
+        return expired
+
+    def _time_out(self, expired: list[_Pending]) -> None:
+        # Outside the lock (a future's callbacks may submit elsewhere): fail each expired request.
+        for pending in expired:
+            if pending.future.set_running_or_notify_cancel():
+                pending.future.set_exception(QueueTimeoutError(
+                    f"{self.name}: request waited more than queue_timeout={self.queue_timeout} s; dropped before "
+                    "any batch ran it"))
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Stop accepting requests, serve everything already queued, and stop the workers.
@@ -198,14 +265,18 @@ class DynamicBatcher:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _next_batch(self) -> tuple[int, int, list[_Pending], float] | None:
+    def _next_batch(self) -> tuple[int, int, list[_Pending], float] | list[_Pending] | None:
         # Wait until the policy says a batch may start; None once closed and drained.  Returns the batch's
-        # first request number, its size, the requests not cancelled (now running), and the start time.
+        # first request number, its size, the requests not cancelled (now running), and the start time; or
+        # the requests whose deadline passed meanwhile (for the caller to fail outside the lock).
         policy, queue = self.policy, self._queue
         with self._cond:
             while True:
                 if queue:
                     now = self.clock.now()
+                    expired = self._expired(now)
+                    if expired:
+                        return expired
                     cap = policy.cap
                     full_at = queue[cap - 1].submitted if cap is not None and len(queue) >= cap else math.inf
                     start = now if self._closed else policy.start_time(now, queue[0].submitted, full_at)
@@ -216,7 +287,10 @@ class DynamicBatcher:
                         if queue:
                             self._cond.notify()  # more waits: another idle worker may start on it
                         return batch[0].number, len(batch), live, now
-                    self.clock.wait(self._cond, start - now)
+                    deadline = math.inf if self.queue_timeout is None else queue[0].submitted + self.queue_timeout
+                    if deadline <= now:  # no batch can take the oldest by its deadline: it leaves now
+                        return self._expired(now, front_too=True)
+                    self.clock.wait(self._cond, min(start, deadline) - now)
                 elif self._closed:
                     return None
                 else:
@@ -225,7 +299,10 @@ class DynamicBatcher:
     def _serve(self) -> None:
         try:
             while (taken := self._next_batch()) is not None:
-                self._run(*taken)
+                if isinstance(taken, list):
+                    self._time_out(taken)
+                else:
+                    self._run(*taken)
         except BaseException as exc:
             # Only a fault of the batcher itself gets here (a batch_fn's errors are caught in _run): fail what
             # is waiting and refuse new requests rather than leave futures that never resolve.

@@ -29,6 +29,7 @@ import numpy as np
 
 from infergraph_lite.core.arguments import check_count
 from infergraph_lite.core.metrics import latency_percentile
+from infergraph_lite.serving.batcher import is_refusal
 from infergraph_lite.serving.metrics import StageTimes, stage_times
 
 __all__ = ["LoadReport", "ServiceProfile", "StageTimes", "profile_service_time", "run_closed_loop", "run_open_loop",
@@ -44,10 +45,13 @@ class LoadReport:
     ``latencies`` are arrival -> answer, in submit order (in an open loop the
     arrival is the *scheduled* time, so a generator that falls behind its
     schedule cannot hide its lag in the latencies); requests the server
-    accepted but failed are counted in ``failed``, requests it refused at
-    ``submit`` (a full queue: :class:`~infergraph_lite.serving.batcher.QueueFullError`,
-    or any error raised by ``submit`` itself) in ``refused``; neither is in
-    the latencies.  ``max_lag`` is how far behind schedule the generator
+    accepted but failed are counted in ``failed``; requests it shed are counted
+    in ``refused``: any error raised by ``submit`` itself (a full queue:
+    :class:`~infergraph_lite.serving.batcher.QueueFullError`), and a future
+    that fails with a :class:`~infergraph_lite.serving.batcher.RequestRefusedError`
+    (a later stage's full queue, a deadline passed while waiting, Triton's or
+    Ray Serve's refusal: :func:`~infergraph_lite.serving.batcher.is_refusal`).
+    Neither is in the latencies.  ``max_lag`` is how far behind schedule the generator
     submitted its latest request (open loop; seconds).  ``stages`` holds each
     stage's mean queue and compute time over the run when the server keeps
     per-stage records (a :class:`~infergraph_lite.serving.graph_server.GraphServer`).
@@ -174,8 +178,11 @@ def run_open_loop(
     for future in futures.values():
         try:
             future.result(timeout=max(deadline - time.perf_counter(), 0.0))
-        except Exception:  # noqa: BLE001 - a failed request is counted, not raised: the report says how many
-            failed += 1
+        except Exception as error:  # noqa: BLE001 - counted, not raised: the report says how many
+            if is_refusal(error):
+                refused += 1
+            else:
+                failed += 1
     ok = [i for i, f in futures.items() if f.done() and not f.cancelled() and f.exception() is None]
     # From the scheduled arrival, as an open-loop client sees it: a late submit is the generator's lag, and
     # a server that makes the generator late (by holding the interpreter lock) pays for it here.
@@ -235,9 +242,12 @@ def run_closed_loop(
                 took = time.perf_counter() - sent
                 with lock:
                     latencies.append(took)
-            except Exception:  # noqa: BLE001 - counted in the report
+            except Exception as error:  # noqa: BLE001 - counted in the report
                 with lock:
-                    failed += 1
+                    if is_refusal(error):
+                        refused += 1
+                    else:
+                        failed += 1
 
     threads = [threading.Thread(target=client, name=f"load-client-{c}", daemon=True) for c in range(n_clients)]
     for t in threads:

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from infergraph_lite.core.metrics import LatencySummary, PerRequestTimes, busy_fraction
+from infergraph_lite.core.arguments import check_number
+from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
 from infergraph_lite.core.stage import Exponential, prepare_stages, service_time_fn
 from infergraph_lite.simulation.queue import (
+    REFUSED,
+    SERVED,
+    TIMED_OUT,
+    SheddingSummary,
     UnstableLoadError,
     arrival_times,
     check_warmup,
     is_deterministic,
     serve_queue,
+    spread_batches,
 )
 
 __all__ = ["GraphResult", "StageStats", "simulate_graph"]
@@ -31,7 +37,8 @@ class StageStats(PerRequestTimes):
     when the request's job reached this stage (every dependency done for it),
     ``start`` and ``finish`` when its batch started and ended here.  The
     ``batches_*`` arrays describe every batch of the whole run in the order
-    batches started.
+    batches started.  A request shed before this stage has NaN here; ``refused`` and ``timed_out`` mark the
+    requests this stage itself shed (its ``max_queue_size``, its queue_timeout), with NaN start and finish.
     """
 
     name: str
@@ -46,14 +53,18 @@ class StageStats(PerRequestTimes):
     batches_size: np.ndarray
     batches_start: np.ndarray
     batches_end: np.ndarray
+    refused: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    timed_out: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 @dataclass(frozen=True)
-class GraphResult(LatencySummary):
+class GraphResult(SheddingSummary):
     """End-to-end times of a simulated graph (warm-up removed), and every stage's :class:`StageStats`.
 
     A request's latency runs from its arrival until the *last* sink (a stage
-    nothing depends on) has finished it.
+    nothing depends on) has finished it.  A request some stage shed (``refused``: a full queue,
+    ``timed_out``: its deadline passed while waiting) never finishes: its ``finish`` is NaN, the latency
+    summaries and ``throughput`` count answered requests only.
     """
 
     arrival: np.ndarray
@@ -61,6 +72,8 @@ class GraphResult(LatencySummary):
     throughput: float            # requests finished per unit time over the measured window
     stages: dict[str, StageStats]
     sinks: tuple[str, ...]
+    refused: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))    # refused by some stage
+    timed_out: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # timed out at some stage
 
     @property
     def offered_load(self) -> float:
@@ -87,6 +100,7 @@ def simulate_graph(
     inputs: Iterable[str] = ("request",),
     arrivals: Sequence[float] | np.ndarray | None = None,
     allow_unstable: bool = False,
+    queue_timeouts: Mapping[str, float] | None = None,
 ) -> GraphResult:
     """Simulate a graph of :class:`~infergraph_lite.core.stage.Stage` s under Poisson (or given) arrivals.
 
@@ -119,6 +133,11 @@ def simulate_graph(
     anything runs; so does a stage that cannot keep up
     (:class:`UnstableLoadError`) unless ``allow_unstable=True``.
 
+    A stage with a ``max_queue_size`` sheds load as :func:`simulate_batching` does (K requests may wait;
+    an arrival finding K waiting is refused), and ``queue_timeouts={stage: D}`` drops a request still waiting at
+    that stage D after it got there (Triton's ``default_timeout_microseconds`` per model); such a stage is
+    never unstable.  A shed request goes no further: ``refused``/``timed_out`` on the result say which.
+
     Two exponential stages in tandem at 60 % and 30 % load: by Jackson's
     theorem the mean latency is 1/(1 - 0.6) + 0.5/(1 - 0.3) = 3.21 ms.
 
@@ -131,11 +150,18 @@ def simulate_graph(
     """
     plan = prepare_stages(stages, inputs, need="service_time")
     check_warmup(warmup)
+    queue_timeouts = dict(queue_timeouts or {})
+    for name, value in queue_timeouts.items():
+        if name not in plan.nodes:
+            raise ValueError(f"queue_timeouts names {name!r}, which is not a stage (stages: {', '.join(plan.order)})")
+        check_number(f"queue_timeouts[{name!r}]", value, positive=False)
     times, rate = arrival_times(arrival_rate, n_requests, seed, arrivals)
 
     capacities = {name: plan.nodes[name][0].capacity() for name in plan.order}
     loads = {name: rate / cap if cap > 0 else math.inf for name, cap in capacities.items()}
-    unstable = sorted((name for name in plan.order if loads[name] >= 1), key=lambda name: -loads[name])
+    sheds = {name for name in plan.order if plan.nodes[name][0].max_queue_size is not None or name in queue_timeouts}
+    unstable = sorted((name for name in plan.order if loads[name] >= 1 and name not in sheds),
+                      key=lambda name: -loads[name])
     if unstable and not allow_unstable:
         worst = unstable[0]
         others = f" (also unstable: {', '.join(repr(u) for u in unstable[1:])})" if len(unstable) > 1 else ""
@@ -153,37 +179,48 @@ def simulate_graph(
         sources = [served[d][2] if d in plan.nodes else times for d in dict.fromkeys(deps)] or [times]
         arrive = sources[0] if len(sources) == 1 else np.maximum.reduce(sources)
         rng = np.random.default_rng([seed, 1 + position[name]])
-        served[name] = (arrive, *_serve_stage(arrive, stage, rng))
+        served[name] = (arrive, *_serve_stage(arrive, stage, rng, queue_timeouts.get(name)))
 
     sinks = tuple(name for name in plan.order if not plan.dependents[name])
     done = served[sinks[0]][2] if len(sinks) == 1 else np.maximum.reduce([served[s][2] for s in sinks])
     skip = int(warmup * n)
-    window_start = done[:skip].max() if skip else times[0]
-    window_end = done[skip:].max()
+    window_start = np.nanmax(done[:skip], initial=times[0]) if skip else times[0]
+    window_end = np.nanmax(done[skip:], initial=window_start)
     span = window_end - window_start
     stats = {}
+    refused, timed_out = np.zeros(n - skip, dtype=bool), np.zeros(n - skip, dtype=bool)
     for name in plan.nodes:  # in the order the stages were given
-        arrive, start, finish, size, b_size, b_start, b_end = served[name]
+        arrive, start, finish, size, b_size, b_start, b_end, outcome = served[name]
         replicas = plan.nodes[name][0].replicas
         stats[name] = StageStats(
             name=name, arrival=arrive[skip:], start=start[skip:], finish=finish[skip:], batch_size=size[skip:],
             replicas=replicas, capacity=capacities[name], offered_load=float(loads[name]),
             utilization=busy_fraction(b_start, b_end, replicas, window_start, window_end),
             batches_size=b_size, batches_start=b_start, batches_end=b_end,
+            refused=outcome[skip:] == REFUSED, timed_out=outcome[skip:] == TIMED_OUT,
         )
+        refused |= stats[name].refused
+        timed_out |= stats[name].timed_out
+    answered = n - skip - int(np.count_nonzero(refused | timed_out))
     return GraphResult(
         arrival=times[skip:],
         finish=done[skip:],
-        throughput=float((n - skip) / span) if span > 0 else math.inf,
+        throughput=float(answered / span) if span > 0 else math.inf,
         stages=stats,
         sinks=sinks,
+        refused=refused,
+        timed_out=timed_out,
     )
 
 
-def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
+                 queue_timeout: float | None = None) -> tuple[np.ndarray, ...]:
     # Serve one stage's queue: sort its arrivals (stable, so simultaneous ones keep request order), run the
     # shared core, and map each request's start and finish back to request order.  Returns per request
-    # (start, finish, batch size) and per batch (size, start, end).
+    # (start, finish, batch size) and per batch (size, start, end), then the per-request outcome (SERVED,
+    # REFUSED, TIMED_OUT; a request shed upstream, NaN here, stays SERVED here and NaN).
+    if stage.max_queue_size is not None or queue_timeout is not None or np.isnan(arrive).any():
+        return _serve_shedding(arrive, stage, rng, queue_timeout)
     n = len(arrive)
     in_order = bool(np.all(arrive[1:] >= arrive[:-1]))
     order = None if in_order else np.argsort(arrive, kind="stable")
@@ -209,11 +246,33 @@ def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator) -> tu
         b_size = np.diff(np.append(firsts, n))
         start_sorted, end_sorted = np.repeat(starts, b_size), np.repeat(ends, b_size)
         size_sorted = np.repeat(b_size, b_size)
+    outcome = np.zeros(n, dtype=np.int8)
     if order is None:
-        return start_sorted, end_sorted, size_sorted, b_size, starts, ends
+        return start_sorted, end_sorted, size_sorted, b_size, starts, ends, outcome
     start, finish, size = np.empty(n), np.empty(n), np.empty(n, dtype=int)
     start[order], finish[order], size[order] = start_sorted, end_sorted, size_sorted
-    return start, finish, size, b_size, starts, ends
+    return start, finish, size, b_size, starts, ends, outcome
+
+
+def _serve_shedding(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
+                    queue_timeout: float | None) -> tuple[np.ndarray, ...]:
+    # A stage that sheds load, or whose arrivals lack the requests shed upstream (NaN): the batch loop
+    # serves the requests that reached it, in arrival order, and marks those it refuses or times out.
+    reached = np.flatnonzero(~np.isnan(arrive))
+    order = reached[np.argsort(arrive[reached], kind="stable")]
+    n = len(arrive)
+    start, finish, size = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=int)
+    outcome = np.zeros(n, dtype=np.int8)
+    if len(order) == 0:
+        return start, finish, size, np.zeros(0, dtype=int), np.zeros(0), np.zeros(0), outcome
+    s = service_time_fn(stage.service_time, rng, allow_zero=True)
+    shed = np.zeros(len(order), dtype=np.int8)
+    firsts, starts, ends, _ = serve_queue(arrive[order], s, stage.policy(), stage.replicas,
+                                          is_deterministic(stage.service_time), stage.max_queue_size, queue_timeout,
+                                          shed)
+    start[order], finish[order], size[order], b_size = spread_batches(shed == SERVED, firsts, starts, ends)
+    outcome[order] = shed
+    return start, finish, size, b_size, starts, ends, outcome
 
 
 def _fifo_varying(times: np.ndarray, service: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -26,25 +26,48 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_fraction, check_int, check_number
-from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
+from infergraph_lite.core.metrics import LatencySummary, PerRequestTimes, busy_fraction
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.core.stage import Exponential, ServiceTime, capacity, service_time_fn
 
-__all__ = ["BatchHook", "BatchingResult", "QueueState", "UnstableLoadError", "arrival_times", "batch_by_batch",
-           "check_arrivals", "check_warmup", "is_deterministic", "serve_queue", "simulate_batching"]
+__all__ = ["REFUSED", "SERVED", "TIMED_OUT", "BatchHook", "BatchingResult", "QueueState", "SheddingSummary",
+           "UnstableLoadError", "arrival_times", "batch_by_batch", "check_arrivals", "check_warmup", "is_deterministic",
+           "serve_queue", "simulate_batching", "spread_batches"]
 
 
 class UnstableLoadError(ValueError):
     """Requests arrive faster than the servers can possibly serve them: the queue grows without bound."""
 
 
+class SheddingSummary(LatencySummary):
+    """What shedding cost: the fraction of requests refused or timed out, and the goodput.
+
+    A base for results with per-request ``refused`` and ``timed_out`` masks and a ``throughput`` of answers.
+    """
+
+    refused: np.ndarray
+    timed_out: np.ndarray
+    throughput: float
+
+    @property
+    def dropped_fraction(self) -> float:
+        """The fraction of measured requests never answered (refused, or timed out while waiting)."""
+        return float(np.mean(self.refused | self.timed_out)) if len(self.refused) else 0.0
+
+    def goodput(self, slo: float) -> float:
+        """Answers within ``slo`` (same unit as the times) per time unit: ``throughput`` x fraction answered
+        within it."""
+        latencies = self.latencies
+        return float(self.throughput * np.mean(latencies <= slo)) if len(latencies) else 0.0
+
+
 @dataclass(frozen=True)
-class BatchingResult(PerRequestTimes):
+class BatchingResult(PerRequestTimes, SheddingSummary):
     """Per-request times of a simulated run (warm-up already removed) and their summaries.
 
     The per-request arrays are aligned, one entry per measured request, in
@@ -52,6 +75,12 @@ class BatchingResult(PerRequestTimes):
     run, warm-up included, in the order batches started: the index of its
     first (oldest) request in the full arrival sequence, its size, start and
     end, and the cap the policy had when it formed (an AIMD's moves).
+
+    Under ``max_queue_size`` or ``queue_timeout`` some requests are never served: ``refused`` (the queue was full
+    when it arrived) and ``timed_out`` (still waiting at its deadline) mark them, and their ``start`` and
+    ``finish`` are NaN and ``batch_size`` 0.  Every latency summary (``latencies``, ``mean_latency``,
+    ``percentile``) and ``throughput`` count the answered requests only; ``dropped_fraction`` and
+    :meth:`goodput` say what the shedding cost.
     """
 
     arrival: np.ndarray
@@ -66,6 +95,8 @@ class BatchingResult(PerRequestTimes):
     batches_start: np.ndarray  # per batch: when it started
     batches_end: np.ndarray    # per batch: when it finished
     batches_cap: np.ndarray    # per batch: the cap when it formed (-1: no cap)
+    refused: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))    # per request: queue full
+    timed_out: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per request: deadline passed
 
 
 def simulate_batching(
@@ -79,6 +110,8 @@ def simulate_batching(
     replicas: int = 1,
     arrivals: Sequence[float] | np.ndarray | None = None,
     allow_unstable: bool = False,
+    max_queue_size: int | None = None,
+    queue_timeout: float | None = None,
 ) -> BatchingResult:
     """Simulate a dynamic-batching server under Poisson (or given) arrivals.
 
@@ -98,6 +131,16 @@ def simulate_batching(
     you simulate); ``allow_unstable=True`` runs it anyway, to measure the
     saturated throughput.
 
+    Overload can be shed instead of queued, as Triton's ``default_queue_policy`` does: ``max_queue_size=K``
+    refuses an arrival that finds K requests waiting (those being served do not count), ``queue_timeout=D`` drops
+    a request still waiting D after it arrived (``default_timeout_microseconds``, ``timeout_action:
+    REJECT``).  Either keeps the queue bounded, so any arrival rate is allowed.  One exponential server
+    with K = 4 waiting is M/M/1/5, whose blocking probability at load 2 is (1 - 2) 2^5 / (1 - 2^6) = 0.508:
+
+    >>> r = simulate_batching(2.0, Exponential(1.0), max_queue_size=4, n_requests=200_000)
+    >>> round(r.refused.mean(), 2), round(r.throughput, 2)   # the server answers 2 * (1 - 0.508) per ms
+    (0.51, 0.98)
+
     M/D/1: Poisson arrivals at 0.5 per ms, 1 ms service.  Pollaczek-Khinchine
     says mean latency is 1 + 0.5 * 1 / (2 * 0.5) = 1.5 ms:
 
@@ -113,29 +156,38 @@ def simulate_batching(
     times, rate = arrival_times(arrival_rate, n_requests, seed, arrivals)
     cap = capacity(service_time, policy.largest_cap, replicas)
     offered = rate / cap
-    if offered >= 1 and not allow_unstable:
+    shedding = max_queue_size is not None or queue_timeout is not None
+    if shedding:
+        max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
+        queue_timeout = None if queue_timeout is None else check_number("queue_timeout", queue_timeout, positive=False)
+    if offered >= 1 and not allow_unstable and not shedding:
         raise UnstableLoadError(
             f"arrival rate {rate:.4g} is at or above the capacity {cap:.4g} "
             f"(replicas * best b/s(b)): offered load {offered:.3f}, the queue grows without bound. "
             "Lower the rate, raise max_batch_size or replicas, or pass allow_unstable=True to measure saturation."
         )
-    firsts, starts, ends, caps = serve_queue(times, s, policy, replicas, is_deterministic(service_time))
-
     n = len(times)
-    sizes = np.diff(np.append(firsts, n))
-    start_per = np.repeat(starts, sizes)
-    end_per = np.repeat(ends, sizes)
-    size_per = np.repeat(sizes, sizes)
+    outcome = np.zeros(n, dtype=np.int8) if shedding else None
+    firsts, starts, ends, caps = serve_queue(times, s, policy, replicas, is_deterministic(service_time),
+                                             max_queue_size, queue_timeout, outcome)
+    if outcome is None:
+        sizes = np.diff(np.append(firsts, n))
+        start_per = np.repeat(starts, sizes)
+        end_per = np.repeat(ends, sizes)
+        size_per = np.repeat(sizes, sizes)
+    else:
+        start_per, end_per, size_per, sizes = spread_batches(outcome == SERVED, firsts, starts, ends)
     skip = int(warmup * n)
-    window_start = end_per[:skip].max() if skip else times[0]
-    window_end = end_per[skip:].max()
+    window_start = np.nanmax(end_per[:skip], initial=times[0]) if skip else times[0]
+    window_end = np.nanmax(end_per[skip:], initial=window_start)
     span = window_end - window_start
+    answered = n - skip if outcome is None else int(np.count_nonzero(outcome[skip:] == SERVED))
     return BatchingResult(
         arrival=times[skip:],
         start=start_per[skip:],
         finish=end_per[skip:],
         batch_size=size_per[skip:],
-        throughput=float((n - skip) / span) if span > 0 else math.inf,
+        throughput=float(answered / span) if span > 0 else math.inf,
         utilization=busy_fraction(starts, ends, replicas, window_start, window_end),
         offered_load=float(offered),
         batches_first=firsts,
@@ -143,7 +195,32 @@ def simulate_batching(
         batches_start=starts,
         batches_end=ends,
         batches_cap=caps,
+        refused=np.zeros(n - skip, dtype=bool) if outcome is None else outcome[skip:] == REFUSED,
+        timed_out=np.zeros(n - skip, dtype=bool) if outcome is None else outcome[skip:] == TIMED_OUT,
     )
+
+
+def spread_batches(
+    served: np.ndarray, firsts: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per request, the start, end and size of its batch (NaN, NaN, 0 if not ``served``); and each batch's size.
+
+    Each batch takes the next served requests from its first one (what :func:`batch_by_batch` does when it
+    sheds load), so a batch's size is how many served requests lie between its first and the next batch's.
+
+    >>> start, end, size, sizes = spread_batches(np.array([True, True, False, True]), np.array([0, 3]),
+    ...                                          np.array([0.0, 2.0]), np.array([1.0, 3.0]))
+    >>> start.tolist(), size.tolist(), sizes.tolist()
+    ([0.0, 0.0, nan, 2.0], [2, 2, 0, 1], [2, 1])
+    """
+    n = len(served)
+    served_index = np.flatnonzero(served)
+    sizes = np.diff(np.append(np.searchsorted(served_index, firsts), len(served_index)))
+    start, end, size = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=int)
+    start[served_index] = np.repeat(starts, sizes)
+    end[served_index] = np.repeat(ends, sizes)
+    size[served_index] = np.repeat(sizes, sizes)
+    return start, end, size, sizes
 
 
 def check_warmup(warmup: object) -> None:
@@ -197,6 +274,9 @@ def serve_queue(
     policy: BatchPolicy,
     replicas: int = 1,
     deterministic: bool = True,
+    max_queue_size: int | None = None,
+    queue_timeout: float | None = None,
+    outcome: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Serve sorted arrival ``times`` from one queue with ``replicas`` servers under ``policy``.
 
@@ -206,16 +286,18 @@ def serve_queue(
     ``deterministic`` says it always returns the same time for the same ``b``
     (then each size is computed once).  This is the simulator's core: one
     server and batches of one take a vectorised path, everything else
-    :func:`batch_by_batch`.
+    :func:`batch_by_batch` (also whenever ``max_queue_size`` or ``queue_timeout`` sheds load: see there).
 
     >>> firsts, starts, ends, caps = serve_queue(np.array([0.0, 0.1, 0.2, 5.0]), lambda b: 1.0, BatchPolicy(None))
     >>> firsts.tolist(), starts.tolist(), ends.tolist()
     ([0, 1, 3], [0.0, 1.0, 5.0], [1.0, 2.0, 6.0])
     """
-    if policy.controller is None and policy.cap == 1 and replicas == 1 and deterministic:
+    shedding = max_queue_size is not None or queue_timeout is not None
+    if policy.controller is None and policy.cap == 1 and replicas == 1 and deterministic and not shedding:
         firsts, starts, ends = _fifo_vectorised(times, s(1))
         return firsts, starts, ends, np.ones(len(firsts), dtype=int)
-    return batch_by_batch(times, s, policy, replicas, deterministic)
+    return batch_by_batch(times, s, policy, replicas, deterministic, max_queue_size=max_queue_size,
+                          queue_timeout=queue_timeout, outcome=outcome)
 
 
 def _fifo_vectorised(times: np.ndarray, service: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -253,6 +335,10 @@ to let the batch start.
 """
 
 
+SERVED, REFUSED, TIMED_OUT = 0, 1, 2
+"""Per-request outcomes :func:`batch_by_batch` writes into ``outcome`` when a queue limit or timeout is set."""
+
+
 def batch_by_batch(
     times: np.ndarray,
     s: Callable[[int], float],
@@ -260,6 +346,9 @@ def batch_by_batch(
     replicas: int = 1,
     deterministic: bool = True,
     on_batch_start: BatchHook | None = None,
+    max_queue_size: int | None = None,
+    queue_timeout: float | None = None,
+    outcome: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The simulator's batch loop: one iteration per batch, on ``replicas`` servers sharing one queue.
 
@@ -268,6 +357,15 @@ def batch_by_batch(
     ``on_batch_start`` (a :data:`BatchHook`) may change the number of servers before each batch: the
     autoscaler (:func:`~infergraph_lite.simulation.autoscale.simulate_autoscaling`) drives this loop with it.
 
+    Overload, as Triton's ``default_queue_policy`` sheds it: with ``max_queue_size=K`` an arrival that finds
+    K requests *waiting* (not counting those being served) is refused; with ``queue_timeout=D`` a request still
+    waiting D after its arrival is dropped at that moment (Triton's ``default_timeout_microseconds`` with
+    ``timeout_action: REJECT``; a request whose batch starts by then is served).  Either needs ``outcome``,
+    an int8 array of ``len(times)`` zeros (:data:`SERVED`) in which the loop marks each :data:`REFUSED` and
+    :data:`TIMED_OUT` request; a batch then takes the next ``size`` *served* requests from its first, so
+    ``firsts`` no longer tell the sizes (the served indices do).  The hook's ``next_request`` is the oldest
+    waiting request.
+
     Two servers, greedy batches of up to 2: the second server takes request 1 while the first is busy, and
     request 2 waits for the first to be free:
 
@@ -275,6 +373,15 @@ def batch_by_batch(
     ...                                             BatchPolicy(2), replicas=2)
     >>> firsts.tolist(), starts.tolist(), ends.tolist()
     ([0, 1, 2, 3], [0.0, 0.1, 1.0, 5.0], [1.0, 1.1, 2.0, 6.0])
+
+    One server, batches of one, room for one waiting request: request 2 finds request 1 waiting and is
+    refused; request 3 arrives after both have started:
+
+    >>> outcome = np.zeros(4, dtype=np.int8)
+    >>> firsts, starts, ends, caps = batch_by_batch(np.array([0.0, 0.1, 0.2, 1.5]), lambda b: 1.0,
+    ...                                             BatchPolicy(1), max_queue_size=1, outcome=outcome)
+    >>> outcome.tolist(), firsts.tolist(), starts.tolist()
+    ([0, 0, 1, 0], [0, 1, 3], [0.0, 1.0, 2.0])
     """
     n = len(times)
     arrival_list = times.tolist()  # bisect on a list is several times faster than np.searchsorted per call
@@ -282,14 +389,63 @@ def batch_by_batch(
     state = QueueState([0.0] * replicas, [], [], [])
     free_at, batch_first, batch_start, batch_end = state.free_at, state.first, state.start, state.end
     batch_cap: list[int] = []
+    shedding = max_queue_size is not None or queue_timeout is not None
+    if shedding:
+        if outcome is None or outcome.shape != (n,):
+            raise ValueError("max_queue_size or queue_timeout needs outcome, an int8 array with one entry per arrival")
+        limit = n if max_queue_size is None else check_count("max_queue_size", max_queue_size)
+        patience = math.inf if queue_timeout is None else check_number("queue_timeout", queue_timeout, positive=False)
+    waiting: list[int] = []  # shedding: admitted requests in arrival order; those from `head` on still wait
+    head = decided = 0       # shedding: the oldest waiting request's place in `waiting`; arrivals decided so far
+
+    def admit_until(t: float) -> None:
+        # Every arrival up to t joins the queue if fewer than `limit` wait (no batch starts before t).
+        nonlocal decided
+        while decided < n and arrival_list[decided] <= t:
+            if len(waiting) - head < limit:
+                waiting.append(decided)
+            else:
+                outcome[decided] = REFUSED  # type: ignore[index]
+            decided += 1
+
     i = 0
-    while i < n:
+    while True:
         cap = policy.cap
-        full_at = arrival_list[i + cap - 1] if cap is not None and i + cap - 1 < n else math.inf
+        if not shedding:
+            if i >= n:
+                break
+            full_at = arrival_list[i + cap - 1] if cap is not None and i + cap - 1 < n else math.inf
+        else:
+            if head == len(waiting):  # an empty queue: the next arrival is admitted (limit >= 1)
+                if decided >= n:
+                    break
+                waiting.append(decided)
+                decided += 1
+            i = waiting[head]
+            queued = len(waiting) - head  # the batch is full when the cap-th admitted request arrives
+            if cap is None:
+                full_at = math.inf
+            elif queued >= cap:
+                full_at = arrival_list[waiting[head + cap - 1]]
+            else:  # until a batch starts the queue only grows, so the next arrivals are admitted up to the limit
+                later = decided + cap - queued - 1
+                full_at = arrival_list[later] if cap <= limit and later < n else math.inf
         start = policy.start_time(free_at[0], arrival_list[i], full_at)
+        if shedding and start > arrival_list[i] + patience:
+            # The oldest waiting request's deadline passes before any batch can take it: it leaves then,
+            # after the arrivals up to that moment have seen it in the queue.
+            admit_until(arrival_list[i] + patience)
+            outcome[i] = TIMED_OUT  # type: ignore[index]
+            head += 1
+            continue
         if on_batch_start is not None and on_batch_start(start, i, state):
             continue
-        size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
+        if shedding:
+            admit_until(start)
+            size = policy.take(len(waiting) - head)
+            head += size
+        else:
+            size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
         if deterministic:
             duration = service_of.get(size)
             if duration is None:

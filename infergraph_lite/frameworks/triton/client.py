@@ -8,9 +8,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infergraph_lite.frameworks.triton.tensors import TensorType, json_tensor_types
+from infergraph_lite.serving.batcher import QueueFullError, QueueTimeoutError
 from infergraph_lite.serving.metrics import StageTimes
 
-__all__ = ["ModelStats", "TritonClient"]
+__all__ = ["ModelStats", "TritonClient", "request_error"]
+
+# How Triton words a shed request (both with gRPC status UNAVAILABLE): its queue policy's max_queue_size was
+# reached, or a request waited past default_timeout_microseconds with timeout_action REJECT.
+QUEUE_FULL_TEXT = "Exceeds maximum queue size"
+TIMEOUT_TEXT = "Request timeout expired"
+
+
+def request_error(error: Any, model: str) -> Exception:
+    """The exception a failed Triton request raises: Triton's refusals as the package's, others as RuntimeError.
+
+    A full queue becomes :class:`~infergraph_lite.serving.batcher.QueueFullError` and an expired request
+    :class:`~infergraph_lite.serving.batcher.QueueTimeoutError` (so the load generators count them as
+    refused); every one keeps Triton's own message and has Triton's exception as ``__cause__``.
+
+    >>> from tritonclient.utils import InferenceServerException
+    >>> e = request_error(InferenceServerException("in ensemble 'pipeline', Exceeds maximum queue size",
+    ...                                            status="StatusCode.UNAVAILABLE"), "pipeline")
+    >>> type(e).__name__, e.stage, str(e)
+    ('QueueFullError', 'pipeline', "[StatusCode.UNAVAILABLE] in ensemble 'pipeline', Exceeds maximum queue size")
+    """
+    text = str(error)
+    kind: type[Exception] = RuntimeError
+    if QUEUE_FULL_TEXT in text:
+        kind = QueueFullError
+    elif TIMEOUT_TEXT in text:
+        kind = QueueTimeoutError
+    wrapped = kind(text, stage=model) if kind is not RuntimeError else RuntimeError(text)  # type: ignore[call-arg]
+    if isinstance(error, BaseException):
+        wrapped.__cause__ = error
+    return wrapped
 
 
 @dataclass(frozen=True)
@@ -175,7 +206,7 @@ class TritonClient:
 
         def done(result: Any, error: Any) -> None:
             if error is not None:
-                future.set_exception(RuntimeError(str(error)))
+                future.set_exception(request_error(error, model))
             else:
                 try:
                     future.set_result(self._decode(result, out_types))
