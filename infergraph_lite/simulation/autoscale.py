@@ -147,8 +147,10 @@ def _autoscale_stage(stage: Stage, times: np.ndarray, autoscaling: AutoscalingCo
                      rng: np.random.Generator, unit: float, control_interval_s: float,
                      startup_s: float) -> AutoscaleResult:
     # One stage's sorted arrivals through the batch loop, its replicas set by the controller (if any).
+    service = stage.service_time
+    assert service is not None  # check_stage refused a Stage without one
     policy = stage.policy()
-    s = service_time_fn(stage.service_time, rng, allow_zero=True)
+    s = service_time_fn(service, rng, allow_zero=True)
     if autoscaling is None:
         controller = None
         replicas = stage.replicas
@@ -160,7 +162,7 @@ def _autoscale_stage(stage: Stage, times: np.ndarray, autoscaling: AutoscalingCo
         controller = _Controller(autoscaling, times, unit, control_interval_s, startup_s)
         replicas = controller.ordered
         changes = controller.changes
-    firsts, starts, ends, _ = batch_by_batch(times, s, policy, replicas, is_deterministic(stage.service_time),
+    firsts, starts, ends, _ = batch_by_batch(times, s, policy, replicas, is_deterministic(service),
                                              on_batch_start=controller)
     sizes = np.diff(np.append(firsts, len(times)))
     start_of, finish_of = np.repeat(starts, sizes), np.repeat(ends, sizes)
