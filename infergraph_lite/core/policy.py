@@ -8,9 +8,9 @@ and at least one request waits, a batch starts as soon as the queue holds
 Two rules for when the ``max_wait`` window starts (``window=``):
 
 - ``"oldest_request"`` (the default, Triton's): the window runs from the oldest waiting request's
-  *arrival*.  Triton's ``DynamicBatchScheduler`` compares each queued request's enqueue time with
-  ``max_queue_delay_microseconds`` when a model instance asks for work, so a request that already waited
-  its window while every instance was busy goes at once when one is free.
+  *arrival*.  Triton's ``DynamicBatchScheduler`` measures ``max_queue_delay_microseconds`` from the oldest
+  pending request's enqueue time, so a request that already waited its window while every instance was
+  busy goes at once when one is free.
 - ``"first_pick"`` (Ray Serve's ``@serve.batch``): the window runs from the moment the batcher *picks*
   a batch's first request, ``max(server free, oldest arrival)``.  Ray 2.60's
   ``_BatchQueue.wait_for_batch`` does ``await self.queue.get()`` and only then sets
