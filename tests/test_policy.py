@@ -72,7 +72,7 @@ class VirtualClock:
                 self.batcher_condition.notify_all()
 
 
-def run_real_batcher(arrivals, s, max_batch_size, max_wait):
+def run_real_batcher(arrivals, s, max_batch_size, max_wait, window="oldest_request"):
     """Drive a real DynamicBatcher on a virtual clock through `arrivals`; return its batches."""
     clock = VirtualClock()
 
@@ -80,7 +80,7 @@ def run_real_batcher(arrivals, s, max_batch_size, max_wait):
         clock.sleep(s(len(items)))
         return items
 
-    batcher = DynamicBatcher(batch_fn, max_batch_size, max_wait, clock=clock)
+    batcher = DynamicBatcher(batch_fn, max_batch_size, max_wait, clock=clock, window=window)
     futures = []
     clock.wait_until_parked()
     i = 0
@@ -114,21 +114,23 @@ caps = st.one_of(st.none(), st.integers(1, 6), st.builds(
     decrease=st.sampled_from([0.25, 0.5]), cap=st.integers(1, 3), max_size=st.integers(3, 8)))
 
 
-@settings(max_examples=40)
+@settings(max_examples=60)
 @given(
     gaps=st.lists(st.floats(0.0, 3.0), min_size=2, max_size=40),
     cap=caps,
     max_wait=st.sampled_from([0.0, 0.5, 1.7, 4.0]),
     alpha=st.floats(0.2, 2.0).map(lambda x: round(x, 3)),
     beta=st.floats(0.0, 0.6).map(lambda x: round(x, 3)),
+    window=st.sampled_from(["oldest_request", "first_pick"]),
 )
-def test_real_batcher_on_a_virtual_clock_forms_the_simulators_batches(gaps, cap, max_wait, alpha, beta):
+def test_real_batcher_on_a_virtual_clock_forms_the_simulators_batches(gaps, cap, max_wait, alpha, beta, window):
     arrivals = np.round(np.cumsum(gaps), 6)  # rounded: float sums must not depend on the order of addition
     def s(b):
         return alpha + beta * b
 
-    sim = simulate_batching(None, s, cap, max_wait, arrivals=arrivals, warmup=0.0, allow_unstable=True)
-    real = run_real_batcher(arrivals.tolist(), s, cap, max_wait)
+    sim = simulate_batching(None, s, cap, max_wait, arrivals=arrivals, warmup=0.0, allow_unstable=True,
+                            window=window)
+    real = run_real_batcher(arrivals.tolist(), s, cap, max_wait, window)
     assert [b.first for b in real] == sim.batches_first.tolist()
     assert [b.size for b in real] == sim.batches_size.tolist()
     np.testing.assert_allclose([b.start for b in real], sim.batches_start, rtol=0, atol=1e-9)
@@ -196,3 +198,31 @@ def test_the_policy_keeps_its_own_copy_of_an_aimd():
     policy.observe(1.0, batch_size=2)
     assert policy.cap == 3 and controller.cap == 2
     assert policy.fresh().cap == 2
+
+
+def test_rays_rule_starts_the_window_when_a_busy_server_picks_the_first_request():
+    # cap 4, window 1.0, s(b) = 2: the first batch (0.0 alone) waits out its window until 1.0 and runs to 3.0;
+    # 1.5 and 2.0 queue meanwhile.  Triton's rule sends them at 3.0 (1.5 has waited 1.5 > 1.0); Ray's picks
+    # 1.5 at 3.0 and waits the whole window again, to 4.0, taking 3.8 too.  A full batch goes at once.
+    trace = [0.0, 1.5, 2.0, 3.8]
+    triton = run_real_batcher(trace, lambda b: 2.0, 4, 1.0)
+    ray = run_real_batcher(trace, lambda b: 2.0, 4, 1.0, window="first_pick")
+    assert [(b.first, b.size, b.start) for b in triton] == [(0, 1, 1.0), (1, 2, 3.0), (3, 1, 5.0)]
+    assert [(b.first, b.size, b.start) for b in ray] == [(0, 1, 1.0), (1, 3, 4.0)]
+    full = simulate_batching(None, 2.0, 2, 1.0, arrivals=[0.0, 1.5, 2.0], warmup=0.0,
+                             window="first_pick", allow_unstable=True)
+    assert full.batches_start.tolist() == [1.0, 3.0]   # two waiting at the pick: full, no window
+    assert BatchPolicy(4, window="first_pick").fresh().window == "first_pick"
+    with pytest.raises(ValueError, match="window must be one of"):
+        BatchPolicy(4, 1.0, window="ray")
+
+
+def test_aimd_learns_a_batch_when_it_finishes_on_every_replica():
+    # Two replicas, AIMD from cap 1 with a 1.6 target, s(b) = 1 + 0.5 (b - 1), so batches of one take 1.0:
+    # the batch at 0.0 finishes at 1.0, so the batch at 0.1 (on the other replica) still forms with cap 1;
+    # the cap grows to 2 only at 1.0, where the next batch takes two.
+    arrivals = [0.0, 0.1, 1.0, 1.0, 1.0]
+    r = simulate_batching(None, lambda b: 1.0 + 0.5 * (b - 1), AIMD(latency_target=1.6, cap=1), 0.0,
+                          arrivals=arrivals, warmup=0.0, replicas=2, allow_unstable=True)
+    assert r.batches_cap.tolist()[:2] == [1, 1], "the second batch formed before the first finished"
+    assert r.batches_start.tolist()[:3] == [0.0, 0.1, 1.0] and r.batches_size.tolist()[2] >= 2

@@ -162,6 +162,59 @@ def test_a_failing_node_is_named(served):
 
 
 @pytest.mark.ray
+def test_serve_batch_starts_its_window_when_the_busy_replica_picks_the_first_request(served):
+    # Ray's own @serve.batch, in our StageReplica, deployed as a second app on the module's Ray: request 0
+    # waits out its window alone and keeps the replica busy for SERVICE s (the batch function blocks, as every
+    # stage's does); requests 1-3 arrive meanwhile.  Triton's rule would start them the moment the replica is
+    # free (they have waited more than WINDOW); Ray's rule, BatchPolicy(window="first_pick"), picks request 1
+    # then and waits a whole WINDOW more.  The two rules' predictions for the second batch differ by WINDOW,
+    # so agreeing within WINDOW / 2 says which rule Ray follows, with room for a busy machine's delays.  The
+    # gap between the two batches' starts, both read inside the replica, does not depend on routing delays
+    # as long as requests 1-3 reach the replica while batch 0 runs (at least 0.4 s of slack on each side).
+    import time
+
+    from ray import serve
+
+    from infergraph_lite.frameworks.ray_serve import STAGE_DEPLOYMENT
+    from infergraph_lite.frameworks.ray_serve_options import from_stage
+    from infergraph_lite.simulation.queue import simulate_batching
+
+    window, service = 0.5, 1.5
+
+    def timed(items):
+        began = time.time()
+        time.sleep(service)
+        return [(began, len(items))] * len(items)
+
+    probe = from_stage("probe", Stage(fn=timed, max_batch_size=8, max_wait=window), num_cpus=0.01)
+    options = {**probe.options, "ray_actor_options": {"num_cpus": 0}}  # the module's graph holds the CPUs
+    handle = serve.run(STAGE_DEPLOYMENT.options(name="probe", **options).bind("probe", probe.fn, probe.batching),
+                       name="raybatch-probe", route_prefix=None)
+    try:
+        handle.remote(0).result(timeout_s=30)   # warm: the first call sets up routing
+        offsets = [0.0, 0.9, 1.1, 1.3]          # 1-3 arrive while batch 0 runs (about 0.5 to 2.0)
+        t0, responses = time.time(), []
+        for offset in offsets:
+            time.sleep(max(0.0, t0 + offset - time.time()))
+            responses.append(handle.remote(offset))
+        answers = [r.result(timeout_s=30) for r in responses]
+    finally:
+        serve.delete("raybatch-probe")
+    starts = sorted({began for began, _ in answers})
+    sizes = [size for _, size in sorted(set(answers))]
+    assert sizes == [1, 3], f"request 0 alone, then the three that queued while it ran: {answers}"
+    real_gap = starts[1] - starts[0]
+    ray_rule = simulate_batching(None, service, 8, window, arrivals=offsets, warmup=0.0, allow_unstable=True,
+                                 window="first_pick")
+    triton_rule = simulate_batching(None, service, 8, window, arrivals=offsets, warmup=0.0, allow_unstable=True)
+    assert ray_rule.batches_size.tolist() == triton_rule.batches_size.tolist() == [1, 3]
+    predicted = {rule: float(np.diff(r.batches_start)[0]) for rule, r in
+                 (("first_pick", ray_rule), ("oldest_request", triton_rule))}
+    assert predicted == {"first_pick": service + window, "oldest_request": service}
+    assert abs(real_gap - predicted["first_pick"]) < window / 2, (real_gap, predicted)
+
+
+@pytest.mark.ray
 def test_zz_close_leaves_no_process(served):
     pids = served.started_pids()
     assert len(pids) >= 10, "Ray's services and one process per replica should have been running"

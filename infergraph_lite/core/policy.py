@@ -1,9 +1,25 @@
 """The dynamic-batching policy: the one place that decides when a batch starts and how big it is.
 
-It is Triton's dynamic batcher.  Whenever a server (model instance) is free
+By default it is Triton's dynamic batcher.  Whenever a server (model instance) is free
 and at least one request waits, a batch starts as soon as the queue holds
 ``max_batch_size`` requests or the oldest waiting request has waited
 ``max_wait``; the batch takes the oldest ``min(queue, max_batch_size)``.
+
+Two rules for when the ``max_wait`` window starts (``window=``):
+
+- ``"oldest_request"`` (the default, Triton's): the window runs from the oldest waiting request's
+  *arrival*.  Triton's ``DynamicBatchScheduler`` measures ``max_queue_delay_microseconds`` from the oldest
+  pending request's enqueue time, so a request that already waited its window while every instance was
+  busy goes at once when one is free.
+- ``"first_pick"`` (Ray Serve's ``@serve.batch``): the window runs from the moment the batcher *picks*
+  a batch's first request, ``max(server free, oldest arrival)``.  Ray 2.60's
+  ``_BatchQueue.wait_for_batch`` does ``await self.queue.get()`` and only then sets
+  ``batch_start_time = time.time()`` and waits up to ``batch_wait_timeout_s``.  Requests that queued
+  while the replica was busy therefore wait the whole window again once it is free, unless a full batch is
+  already there.  This is what our Ray adapter does: its batch function is blocking, so it blocks the
+  replica's event loop; no new window starts (and no arrival is even enqueued) until the batch returns.
+  With an ``async`` batch function Ray instead forms the next batch while the previous one runs (up to
+  ``max_concurrent_batches`` run at once, default 1); that overlap is not modelled here.
 ``max_wait=0`` is greedy batching, ``max_batch_size=1`` a plain FIFO queue,
 ``max_batch_size=None`` no cap (a batch is then never "full": it starts when
 the oldest request has waited ``max_wait``, and takes everything waiting),
@@ -23,6 +39,7 @@ this package                  Triton
 ``max_batch_size``            ``max_batch_size`` (the model's largest batch)
 ``max_wait`` (seconds)        ``dynamic_batching { max_queue_delay_microseconds }``
 ``replicas`` (of a Stage)     ``instance_group [{ count }]``
+``window="oldest_request"``   how ``max_queue_delay_microseconds`` is counted
 (not modelled)                ``dynamic_batching { preferred_batch_size }``: Triton
                               may start a batch early once a preferred size is
                               reachable; here a batch starts only when full or
@@ -31,6 +48,13 @@ this package                  Triton
                               ``preserve_ordering``
 ``AIMD``                      no Triton field: Clipper's adaptive cap
 ============================  ====================================================
+
+And onto Ray Serve's ``@serve.batch`` (defaults ``max_batch_size=10``, ``batch_wait_timeout_s=0.01``):
+``max_batch_size`` is its ``max_batch_size``, ``max_wait`` its ``batch_wait_timeout_s``, and
+``window="first_pick"`` its rule.  Ray's batches fill only if requests reach the batcher together: the
+method must be ``async def``, the deployment's ``max_ongoing_requests`` must be at least ``max_batch_size``
+(a replica holds no more requests than that), and ``max_concurrent_batches`` (default 1) says how many
+batches may run at once.
 
 Introduced in notebook 05; every stage of notebook 06 carries one.
 """
@@ -43,7 +67,10 @@ from dataclasses import dataclass
 
 from infergraph_lite.core.arguments import check_count, check_fraction, check_number
 
-__all__ = ["AIMD", "BatchPolicy"]
+__all__ = ["AIMD", "WINDOWS", "BatchPolicy"]
+
+WINDOWS = ("oldest_request", "first_pick")
+"""When ``max_wait`` starts counting: Triton's rule (from the oldest request's arrival), Ray Serve's (from the pick)."""
 
 
 @dataclass
@@ -91,7 +118,11 @@ class AIMD:
         self.cap, self.increase, self.max_size = int(self.cap), int(self.increase), int(self.max_size)
 
     def observe(self, service_time: float, batch_size: int) -> None:
-        """Adjust the cap after a batch of ``batch_size`` requests that took ``service_time``."""
+        """Adjust the cap after a batch of ``batch_size`` requests that took ``service_time``.
+
+        Called when the batch *finishes*, by the real batcher and the simulator alike: only then does a
+        server know how long it took (Clipper's controller measures each batch's latency as it returns).
+        """
         if service_time > self.latency_target:
             self.cap = max(1, math.floor(self.cap * (1 - self.decrease)))
         elif batch_size >= self.cap:
@@ -115,11 +146,17 @@ class BatchPolicy:
     9.0
     >>> policy.take(waiting=10)
     4
+
+    Ray's rule: the server is busy until 9, so the window starts then, not at the oldest arrival:
+
+    >>> BatchPolicy(4, 2.0, window="first_pick").start_time(free_at=9.0, oldest=1.0, full_at=math.inf)
+    11.0
     """
 
-    __slots__ = ("_controller", "_fixed_cap", "_template", "max_wait")
+    __slots__ = ("_controller", "_fixed_cap", "_template", "max_wait", "window")
 
-    def __init__(self, max_batch_size: int | AIMD | None = 1, max_wait: float = 0.0):
+    def __init__(self, max_batch_size: int | AIMD | None = 1, max_wait: float = 0.0,
+                 window: str = "oldest_request"):
         self._template = copy.copy(max_batch_size) if isinstance(max_batch_size, AIMD) else None
         if self._template is not None:
             self._controller: AIMD | None = copy.copy(self._template)
@@ -132,6 +169,9 @@ class BatchPolicy:
                 raise ValueError(f"max_batch_size must be an integer >= 1, None or an AIMD, got {max_batch_size!r}"
                                  ) from None
         self.max_wait = check_number("max_wait", max_wait, positive=False)
+        if window not in WINDOWS:
+            raise ValueError(f"window must be one of {WINDOWS} (Triton's rule, Ray Serve's), got {window!r}")
+        self.window = window
 
     @property
     def cap(self) -> int | None:
@@ -152,8 +192,13 @@ class BatchPolicy:
         """When the next batch starts, given when a server is free, the oldest waiting arrival,
         and when the queue holds a full batch (``inf`` if it does not yet).
 
-        The first moment the server is free and (the batch is full or the oldest has waited ``max_wait``).
+        Triton's rule: the first moment the server is free and (the batch is full or the oldest has waited
+        ``max_wait``).  Ray's: the server picks the first request at ``max(free_at, oldest)``, and the batch
+        starts when it is full or ``max_wait`` after that pick.
         """
+        if self.window == "first_pick":
+            picked = max(free_at, oldest)
+            return max(picked, min(full_at, picked + self.max_wait))
         return max(free_at, oldest, min(full_at, oldest + self.max_wait))
 
     def take(self, waiting: int) -> int:
@@ -168,8 +213,10 @@ class BatchPolicy:
 
     def fresh(self) -> BatchPolicy:
         """A new policy with the same knobs, its AIMD (if any) back at its starting cap: for a new run."""
-        return BatchPolicy(self._template if self._template is not None else self._fixed_cap, self.max_wait)
+        return BatchPolicy(self._template if self._template is not None else self._fixed_cap, self.max_wait,
+                           self.window)
 
     def __repr__(self) -> str:
         cap = self._template if self._template is not None else self._fixed_cap
-        return f"BatchPolicy(max_batch_size={cap!r}, max_wait={self.max_wait!r})"
+        window = "" if self.window == "oldest_request" else f", window={self.window!r}"
+        return f"BatchPolicy(max_batch_size={cap!r}, max_wait={self.max_wait!r}{window})"

@@ -6,9 +6,12 @@ becomes a Ray Serve application:
 - every node is a *deployment* (:class:`StageReplica`) with ``num_replicas = stage.replicas`` and a
   fractional CPU share (``ray_actor_options={"num_cpus": ...}``), so a whole graph fits on two cores;
 - a batching stage (``max_batch_size > 1``) runs its batch function under ``@serve.batch`` with
-  ``max_batch_size`` and ``batch_wait_timeout_s = stage.max_wait``: Serve's dynamic batcher, the same
-  rule as the package's :class:`~infergraph_lite.core.policy.BatchPolicy` (every ``Stage`` field is mapped,
-  or refused by name, by :func:`~infergraph_lite.frameworks.ray_serve_options.from_stage`);
+  ``max_batch_size`` and ``batch_wait_timeout_s = stage.max_wait`` (every ``Stage`` field is mapped, or
+  refused by name, by :func:`~infergraph_lite.frameworks.ray_serve_options.from_stage`).  Serve's rule is
+  not Triton's: its window starts when the batcher picks a batch's first request, and the stage's batch
+  function is blocking, so it holds the replica's event loop and the next window starts only when the batch
+  returns — :class:`~infergraph_lite.core.policy.BatchPolicy` with ``window="first_pick"`` (a test in
+  ``tests/test_ray_serve.py`` measures it);
 - an *ingress* deployment (:class:`GraphIngress`) walks the DAG in topological order and hands each
   node the unawaited responses of its dependencies (Serve resolves them on the way), so the two
   branches of a fork really run at the same time;
@@ -196,7 +199,11 @@ class StageReplica:
 
     @serve.batch
     async def run_batch(self, items: list[Any]) -> list[Any]:
-        """Serve collects concurrent calls into ``items`` (up to max_batch_size, waiting at most the timeout)."""
+        """Serve collects concurrent calls into ``items`` (up to max_batch_size, waiting at most the timeout).
+
+        ``async def``, as ``@serve.batch`` needs to collect calls, but ``run_items`` blocks: while it runs the
+        replica's event loop does nothing else, so Serve's batcher forms the next batch only after this one
+        returns (``BatchPolicy(window="first_pick")``), not while it runs."""
         return self.run_items(items)
 
     async def __call__(self, *values: Any) -> Any:

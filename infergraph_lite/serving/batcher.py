@@ -103,7 +103,9 @@ class DynamicBatcher:
     """Collect single requests into batches for ``batch_fn(list) -> list``, on background threads.
 
     ``max_batch_size`` (an int, None or an :class:`~infergraph_lite.core.policy.AIMD`)
-    and ``max_wait`` (seconds) are the :class:`~infergraph_lite.core.policy.BatchPolicy`;
+    and ``max_wait`` (seconds) are the :class:`~infergraph_lite.core.policy.BatchPolicy`, whose ``window``
+    says when the wait starts: from the oldest request's arrival (Triton's rule, the default) or from when
+    a free worker picks the batch's first request (``"first_pick"``, Ray Serve's ``@serve.batch``);
     ``replicas`` worker threads share the queue, as model instances share
     Triton's; ``max_queue_size`` bounds the waiting requests (a full queue
     refuses new ones with :class:`QueueFullError`); a request still waiting
@@ -133,10 +135,11 @@ class DynamicBatcher:
         clock: Clock | Callable[[], float] = time.monotonic,
         name: str = "dynamic-batcher",
         queue_timeout: float | None = None,
+        window: str = "oldest_request",
     ):
         if not callable(batch_fn):
             raise ValueError(f"batch_fn must be callable, got {batch_fn!r}")
-        self.policy = BatchPolicy(max_batch_size, max_wait)
+        self.policy = BatchPolicy(max_batch_size, max_wait, window)
         self.max_queue_size = check_count("max_queue_size", max_queue_size, allow_none=True)
         self.queue_timeout = None if queue_timeout is None else check_number("queue_timeout", queue_timeout,
                                                                               positive=False)
@@ -270,6 +273,7 @@ class DynamicBatcher:
         # first request number, its size, the requests not cancelled (now running), and the start time; or
         # the requests whose deadline passed meanwhile (for the caller to fail outside the lock).
         policy, queue = self.policy, self._queue
+        free_since = self.clock.now()  # this worker is free from now: Ray's rule starts the window at its pick
         with self._cond:
             while True:
                 if queue:
@@ -279,7 +283,7 @@ class DynamicBatcher:
                         return expired
                     cap = policy.cap
                     full_at = queue[cap - 1].submitted if cap is not None and len(queue) >= cap else math.inf
-                    start = now if self._closed else policy.start_time(now, queue[0].submitted, full_at)
+                    start = now if self._closed else policy.start_time(free_since, queue[0].submitted, full_at)
                     if start <= now:
                         batch = [queue.popleft() for _ in range(policy.take(len(queue)))]
                         live = [p for p in batch if p.future.set_running_or_notify_cancel()]  # skip cancelled
@@ -327,8 +331,9 @@ class DynamicBatcher:
         ended = self.clock.now()
         service = ended - started
         with self._cond:
-            if batch:  # a batch whose requests were all cancelled ran nothing: it tells an AIMD nothing
-                self.policy.observe(service, size)
+            if batch:  # a batch whose requests were all cancelled ran nothing: it tells an AIMD nothing,
+                # and one partly cancelled ran len(batch) rows: that is the size its time is evidence for
+                self.policy.observe(service, len(batch))
             self._batches.append(BatchRecord(first, size, started, ended))
             self._records.extend((started - p.submitted, service, len(batch)) for p in batch)
             # close() may have answered some already (it gave up waiting): answer only those still ours

@@ -3,11 +3,20 @@
 Ray Serve's default policy (``ray.serve.autoscaling_policy``, "replica queue length"), every control
 interval:
 
-1. average the *ongoing requests* (queued plus being served) over the last ``look_back_period_s``;
-2. desired replicas = that average / ``target_ongoing_requests`` (smoothed by an up- or down-scaling factor,
-   and clipped to ``[min_replicas, max_replicas]``);
-3. act only when the same direction has been decided for ``upscale_delay_s`` (or ``downscale_delay_s``) in a
-   row: a short burst does not buy replicas, a short lull does not give them back.
+1. average the *ongoing requests* (queued plus being served) over the last ``look_back_period_s``, from
+   reports the replicas push every ``metrics_interval_s`` (so what it sees is up to that old);
+2. desired replicas = that average / ``target_ongoing_requests``, the change from the replicas actually
+   *running* (``len(self._running_replicas)`` in Ray's ``autoscaling_state.py``; a replica still starting does
+   not count) smoothed by an up- or down-scaling factor, and clipped to ``[min_replicas, max_replicas]``;
+3. compare that with the *target* (the replicas already ordered, running or not) and act only when the same
+   direction has been decided for ``upscale_delay_s`` (or ``downscale_delay_s``) in a row: a short burst does
+   not buy replicas, a short lull does not give them back.
+
+Replicas take time to start (``startup_s``): loading the model, and on GPUs often provisioning a node first —
+tens of seconds to minutes, not the fraction of a second a warm process needs.  While they start, the queue
+keeps growing, the averaged ongoing count keeps rising, and the controller orders more: the fleet overshoots,
+then holds the excess for ``downscale_delay_s``.  :class:`AutoscaleResult` records both the replicas ordered and
+those running, so the lag between them can be plotted.
 
 The settings are one :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig`, the object notebook 07
 hands to Ray (:meth:`~infergraph_lite.core.autoscaling.AutoscalingConfig.to_ray_config`).
@@ -24,20 +33,22 @@ Introduced in notebook 06.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from infergraph_lite.core.arguments import check_number
 from infergraph_lite.core.autoscaling import AutoscalingConfig
 from infergraph_lite.core.metrics import LatencySummary
-from infergraph_lite.core.stage import Stage, service_time_fn
+from infergraph_lite.core.stage import Stage, prepare_stages, service_time_fn
 from infergraph_lite.simulation.queue import QueueState, batch_by_batch, check_arrivals, is_deterministic
 
-__all__ = ["AutoscaleResult", "AutoscalingConfig", "simulate_autoscaling", "step_arrivals"]
+__all__ = ["AutoscaleResult", "AutoscalingConfig", "GraphAutoscaleResult", "simulate_autoscaling",
+           "simulate_graph_autoscaling", "step_arrivals"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class AutoscaleResult(LatencySummary):
     replicas: np.ndarray        # replicas it had ordered after each run (the fleet size in force from then)
     ongoing: np.ndarray         # ongoing requests it saw at each run
     replica_time: float         # replicas x time, summed from the first arrival to the last finish
+    running: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # replicas up at each run
+    mean_ongoing: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the look-back average it decided on
 
     def percentile_over_time(self, q: float, window: float) -> tuple[np.ndarray, np.ndarray]:
         """The q-th percentile of latency of the requests arriving in each ``window`` of time: (window
@@ -113,16 +126,31 @@ def simulate_autoscaling(
     >>> int(run.replicas[0]), int(run.replicas.max())   # one replica at 50 % load; more when the load triples
     (1, 4)
     """
-    if not isinstance(stage, Stage) or stage.service_time is None:
-        raise ValueError("simulate_autoscaling needs a Stage with a service_time")
+    check_stage("stage", stage)
     if autoscaling is not None and not isinstance(autoscaling, AutoscalingConfig):
         raise ValueError(f"autoscaling must be an AutoscalingConfig or None, got {autoscaling!r}")
     times = check_arrivals(arrivals)
     unit = check_number("time_unit", time_unit)
     check_number("control_interval_s", control_interval_s)
     check_number("startup_s", startup_s, positive=False)
+    return _autoscale_stage(stage, times, autoscaling, np.random.default_rng([seed, 1]), unit, control_interval_s,
+                            startup_s)
+
+
+def check_stage(name: str, stage: object) -> None:
+    if not isinstance(stage, Stage) or stage.service_time is None:
+        raise ValueError(f"stage {name!r}: the autoscaling simulation needs a Stage with a service_time, "
+                         f"got {stage!r}")
+
+
+def _autoscale_stage(stage: Stage, times: np.ndarray, autoscaling: AutoscalingConfig | None,
+                     rng: np.random.Generator, unit: float, control_interval_s: float,
+                     startup_s: float) -> AutoscaleResult:
+    # One stage's sorted arrivals through the batch loop, its replicas set by the controller (if any).
+    service = stage.service_time
+    assert service is not None  # check_stage refused a Stage without one
     policy = stage.policy()
-    s = service_time_fn(stage.service_time, np.random.default_rng([seed, 1]), allow_zero=True)
+    s = service_time_fn(service, rng, allow_zero=True)
     if autoscaling is None:
         controller = None
         replicas = stage.replicas
@@ -134,7 +162,7 @@ def simulate_autoscaling(
         controller = _Controller(autoscaling, times, unit, control_interval_s, startup_s)
         replicas = controller.ordered
         changes = controller.changes
-    firsts, starts, ends, _ = batch_by_batch(times, s, policy, replicas, is_deterministic(stage.service_time),
+    firsts, starts, ends, _ = batch_by_batch(times, s, policy, replicas, is_deterministic(service),
                                              on_batch_start=controller)
     sizes = np.diff(np.append(firsts, len(times)))
     start_of, finish_of = np.repeat(starts, sizes), np.repeat(ends, sizes)
@@ -142,12 +170,101 @@ def simulate_autoscaling(
     end = float(finish_of.max())
     bounds = [t for t, _ in changes[1:]] + [end]
     replica_time = sum(r * (max(t1, t0) - t0) for (t0, r), t1 in zip(changes, bounds))
-    log = controller.log if controller is not None else ([], [], [])
+    log = controller.log if controller is not None else ([], [], [], [], [])
     return AutoscaleResult(
         arrival=times, start=start_of, finish=finish_of,
         control_times=np.array(log[0]), replicas=np.array(log[1], dtype=int),
-        ongoing=np.array(log[2], dtype=int), replica_time=float(replica_time),
+        ongoing=np.array(log[2], dtype=int), replica_time=float(replica_time), running=np.array(log[3], dtype=int),
+        mean_ongoing=np.array(log[4], dtype=float),
     )
+
+
+@dataclass(frozen=True)
+class GraphAutoscaleResult(LatencySummary):
+    """A whole graph served with each stage under its own autoscaler: end-to-end times, and each stage's run.
+
+    ``stages[name]`` is that stage's :class:`AutoscaleResult`, its per-request arrays in *request* order
+    (aligned with ``arrival``); ``finish`` is when the last sink finished each request.
+    """
+
+    arrival: np.ndarray
+    finish: np.ndarray
+    stages: dict[str, AutoscaleResult]
+
+    @property
+    def replica_time(self) -> float:
+        """Replicas x time over every stage."""
+        return float(sum(r.replica_time for r in self.stages.values()))
+
+
+def simulate_graph_autoscaling(
+    stages: Mapping[str, tuple[Stage, Sequence[str]]],
+    arrivals: Sequence[float] | np.ndarray,
+    autoscaling: Mapping[str, AutoscalingConfig] | None = None,
+    seed: int = 0,
+    *,
+    inputs: Iterable[str] = ("request",),
+    time_unit: float = 1e-3,
+    control_interval_s: float = 0.1,
+    startup_s: float | Mapping[str, float] = 0.0,
+) -> GraphAutoscaleResult:
+    """Serve ``arrivals`` through a graph of stages, each stage scaled by its own autoscaler, as Ray Serve does.
+
+    Ray Serve autoscales every deployment on its own (each has its own ``autoscaling_config`` and decides on
+    its own ongoing requests), so a graph's stages scale one by one: a stage downstream of a bottleneck sees its
+    load only once the bottleneck has scaled up and passes the backlog on.  ``autoscaling`` maps stage names to
+    an :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig`; a stage not named keeps its ``replicas``.
+    ``startup_s`` is one start-up time for every stage or one per stage name (a GPU stage starts slower).  As in
+    :func:`~infergraph_lite.simulation.graph.simulate_graph` the stages are simulated in topological order, a
+    request entering a stage when all its dependencies have finished it; each stage runs
+    :func:`simulate_autoscaling`'s loop on its own arrivals (stage ``k`` of the dict draws from the generator
+    ``[seed, 1 + k]``).
+
+    >>> graph = {"pre": (Stage(service_time=0.5), ["request"]), "model": (Stage(service_time=2.0), ["pre"])}
+    >>> step = step_arrivals([0.3, 1.2], [3_000.0, 3_000.0])
+    >>> config = AutoscalingConfig(target_ongoing_requests=3, max_replicas=4, upscale_delay_s=0.2,
+    ...                            look_back_period_s=0.5, metrics_interval_s=0.1)
+    >>> run = simulate_graph_autoscaling(graph, step, {"pre": config, "model": config})
+    >>> int(run.stages["pre"].replicas.max()), int(run.stages["model"].replicas.max())   # the model scales more
+    (1, 4)
+    """
+    plan = prepare_stages(stages, inputs, need="service_time")
+    times = check_arrivals(arrivals)
+    autoscaling = dict(autoscaling or {})
+    unknown = sorted(set(autoscaling) - set(plan.nodes))
+    if unknown:
+        raise ValueError(f"autoscaling names stages the graph does not have: {unknown}")
+    for name, config in autoscaling.items():
+        if not isinstance(config, AutoscalingConfig):
+            raise ValueError(f"autoscaling[{name!r}] must be an AutoscalingConfig, got {config!r}")
+    startups = dict(startup_s) if isinstance(startup_s, Mapping) else dict.fromkeys(plan.nodes, startup_s)
+    missing = sorted(set(plan.nodes) - set(startups))
+    if missing or set(startups) - set(plan.nodes):
+        raise ValueError(f"startup_s must name every stage once: missing {missing}, "
+                         f"unknown {sorted(set(startups) - set(plan.nodes))}")
+    for name, value in startups.items():
+        check_number(f"startup_s[{name!r}]", value, positive=False)
+    unit = check_number("time_unit", time_unit)
+    check_number("control_interval_s", control_interval_s)
+
+    position = {name: k for k, name in enumerate(plan.nodes)}
+    finish: dict[str, np.ndarray] = {}
+    results: dict[str, AutoscaleResult] = {}
+    for name in plan.order:
+        stage, deps = plan.nodes[name]
+        sources = [finish[d] if d in plan.nodes else times for d in dict.fromkeys(deps)] or [times]
+        arrive = sources[0] if len(sources) == 1 else np.maximum.reduce(sources)
+        order = np.argsort(arrive, kind="stable")  # this stage's queue in the order requests reach it
+        run = _autoscale_stage(stage, arrive[order], autoscaling.get(name),
+                               np.random.default_rng([seed, 1 + position[name]]), unit, control_interval_s,
+                               startups[name])
+        start, done = np.empty(len(times)), np.empty(len(times))
+        start[order], done[order] = run.start, run.finish
+        finish[name] = done
+        results[name] = dataclasses.replace(run, arrival=arrive, start=start, finish=done)
+    sinks = [name for name in plan.order if not plan.dependents[name]]
+    end = finish[sinks[0]] if len(sinks) == 1 else np.maximum.reduce([finish[s] for s in sinks])
+    return GraphAutoscaleResult(arrival=times, finish=end, stages={name: results[name] for name in plan.nodes})
 
 
 class _Controller:
@@ -176,8 +293,9 @@ class _Controller:
         self.in_flight: list[tuple[float, int]] = []  # heap of (end, size) of placed batches not yet counted done
         self.placed = 0              # batches moved into in_flight so far
         self.finished = 0
+        self.starting: list[float] = []  # when each ordered replica that is not yet running will be
         self.changes = [(float(times[0]), self.ordered)]  # (time, replicas ordered from then)
-        self.log: tuple[list[float], list[int], list[int]] = ([], [], [])
+        self.log: tuple[list[float], list[int], list[int], list[int], list[float]] = ([], [], [], [], [])
 
     def __call__(self, start: float, next_request: int, state: QueueState) -> bool:
         if start >= self.control_t:
@@ -204,7 +322,11 @@ class _Controller:
         while len(self.samples) > 1 and self.samples[0][0] <= t - self.look_back:
             self.samples.popleft()
         mean_ongoing = sum(o for _, o in self.samples) / len(self.samples)
-        desired = config.desired(mean_ongoing, self.ordered)
+        self.starting = [ready for ready in self.starting if ready > t]
+        running = self.ordered - len(self.starting)
+        # Ray scales from the replicas running (a factor multiplies the change from them) and compares the
+        # result with its target, the replicas ordered: one still starting is ordered, not running.
+        desired = config.desired(mean_ongoing, running) if running > 0 else self.ordered
         if desired > self.ordered:
             self.counter = max(self.counter, 0) + 1
             act = self.counter > self.up_after
@@ -220,12 +342,20 @@ class _Controller:
                 self.retiring -= cancel
                 for _ in range(desired - self.ordered - cancel):
                     heapq.heappush(state.free_at, t + self.startup)
+                    self.starting.append(t + self.startup)
             else:
-                self.retiring += self.ordered - desired
+                drop = self.ordered - desired
+                while drop and self.starting:  # Ray stops replicas still starting first; none has served yet
+                    state.free_at.remove(self.starting.pop())
+                    drop -= 1
+                heapq.heapify(state.free_at)
+                self.retiring += drop
             self.ordered = desired
             self.changes.append((t, self.ordered))
         self.log[0].append(t)
         self.log[1].append(self.ordered)
         self.log[2].append(ongoing)
+        self.log[3].append(self.ordered - sum(ready > t for ready in self.starting))
+        self.log[4].append(mean_ongoing)
         self.control_t += self.interval
         self.steps += 1

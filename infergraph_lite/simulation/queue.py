@@ -112,6 +112,7 @@ def simulate_batching(
     allow_unstable: bool = False,
     max_queue_size: int | None = None,
     queue_timeout: float | None = None,
+    window: str = "oldest_request",
 ) -> BatchingResult:
     """Simulate a dynamic-batching server under Poisson (or given) arrivals.
 
@@ -122,7 +123,9 @@ def simulate_batching(
     :class:`~infergraph_lite.core.policy.BatchPolicy`: a fixed cap, None for no
     cap, or an :class:`~infergraph_lite.core.policy.AIMD` controller (the policy
     keeps its own copy, so the caller's stays as it was; it observes each
-    batch when it is formed, which equals "when it finishes" for one replica).  Pass ``arrivals`` (sorted times) to
+    batch when it finishes, as the real batcher's does).  ``window`` is the policy's rule for when
+    ``max_wait`` starts: ``"oldest_request"`` (Triton's) or ``"first_pick"`` (Ray Serve's ``@serve.batch``).
+    Pass ``arrivals`` (sorted times) to
     replay a trace instead; then ``arrival_rate`` may be None.  The first
     ``warmup`` fraction of requests is dropped from the result.
 
@@ -148,7 +151,7 @@ def simulate_batching(
     >>> round(r.mean_latency, 1), round(r.throughput, 2), round(r.utilization, 2)
     (1.5, 0.5, 0.5)
     """
-    policy = BatchPolicy(max_batch_size, max_wait)  # validates both; its own copy of an AIMD
+    policy = BatchPolicy(max_batch_size, max_wait, window)  # validates them; its own copy of an AIMD
     replicas = check_count("replicas", replicas) or 1
     check_warmup(warmup)
     s = service_time_fn(service_time, np.random.default_rng([seed, 1]))
@@ -408,6 +411,8 @@ def batch_by_batch(
                 outcome[decided] = REFUSED  # type: ignore[index]
             decided += 1
 
+    reports: list[tuple[float, int, float, int]] = []  # AIMD: (end, batch, duration, size) not yet observed
+    learned_at = -math.inf  # when the policy last observed a batch: a cap it changed applies from then on
     i = 0
     while True:
         cap = policy.cap
@@ -430,7 +435,13 @@ def batch_by_batch(
             else:  # until a batch starts the queue only grows, so the next arrivals are admitted up to the limit
                 later = decided + cap - queued - 1
                 full_at = arrival_list[later] if cap <= limit and later < n else math.inf
-        start = policy.start_time(free_at[0], arrival_list[i], full_at)
+        start = max(policy.start_time(free_at[0], arrival_list[i], full_at), learned_at)
+        if reports and reports[0][0] <= start:
+            # A batch finished before this one could start: the policy hears how long it took first (as the
+            # real batcher's worker does when its batch returns), and the start is worked out again.
+            learned_at, _, took, size = heapq.heappop(reports)
+            policy.observe(took, size)
+            continue
         if shedding and start > arrival_list[i] + patience:
             # The oldest waiting request's deadline passes before any batch can take it: it leaves then,
             # after the arrivals up to that moment have seen it in the queue.
@@ -452,7 +463,8 @@ def batch_by_batch(
                 duration = service_of[size] = s(size)
         else:
             duration = s(size)
-        policy.observe(duration, size)  # at formation: for one replica the same as when it finishes
+        if policy.controller is not None:  # an AIMD learns a batch's time when it finishes, not when it forms
+            heapq.heappush(reports, (start + duration, len(batch_first), duration, size))
         batch_first.append(i)
         batch_start.append(start)
         batch_end.append(start + duration)
