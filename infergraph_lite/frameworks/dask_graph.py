@@ -38,7 +38,7 @@ from dask.typing import Key
 from infergraph_lite.core.execute import NodeError
 from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError, batch_item, prepare_stages
-from infergraph_lite.serving.processes import owned_processes, stop_processes
+from infergraph_lite.serving.processes import owned_processes, stop_processes, within
 
 __all__ = ["ENGINE", "DaskGraphCluster", "from_stage", "run_dask", "stage_item", "to_dask_graph"]
 
@@ -336,7 +336,7 @@ class DaskGraphCluster:
         if pool is not None:
             for thread in list(getattr(pool, "_threads", ())):
                 thread.join(timeout=max(0.7 * (deadline - time.monotonic()), 0.0))
-        return stop_processes(pids, timeout=max(deadline - time.monotonic(), 0.5))
+        return stop_processes(pids, **within(deadline - time.monotonic()))
 
     def __enter__(self) -> DaskGraphCluster:
         return self.start()

@@ -87,6 +87,7 @@ from infergraph_lite.serving.processes import (  # noqa: E402
     owned_processes,
     process_tree,
     stop_processes,
+    within,
 )
 
 __all__ = [
@@ -548,7 +549,7 @@ class RayServeGraph:
         worker = threading.Thread(target=shut_down, name="ray-serve-graph-close", daemon=True)
         worker.start()
         worker.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
-        stopped = stop_processes(pids, timeout=max(deadline - time.monotonic(), 0.5))
+        stopped = stop_processes(pids, **within(deadline - time.monotonic()))
         self._roots, self._owned = set(), {}
         if self._site is not None:
             shutil.rmtree(self._site, ignore_errors=True)

@@ -12,14 +12,13 @@ import contextlib
 import ipaddress
 import os
 import socket
-import time
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import psutil
 
 __all__ = ["Listener", "free_ports", "is_loopback", "listening_sockets", "owned_processes", "process_tree",
-           "stop_processes"]
+           "stop_processes", "within"]
 
 
 class Listener(NamedTuple):
@@ -94,7 +93,7 @@ def owned_processes(roots: Iterable[int]) -> list[int]:
     >>> other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     >>> owned_processes([mine.pid]) == [mine.pid]       # the other child of this process is not mine
     True
-    >>> sorted(stop_processes([mine.pid, other.pid], timeout=2.0)) == sorted([mine.pid, other.pid])
+    >>> stop_processes([mine.pid, other.pid], timeout=0.1) == sorted([mine.pid, other.pid])
     True
     """
     found: dict[int, None] = {}
@@ -133,42 +132,46 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def stop_processes(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    """Let the processes ``pids`` exit, then SIGTERM, then SIGKILL what is left; returns within ``timeout`` s.
+def stop_processes(pids: Sequence[int], timeout: float = 10.0, *, signal_wait: float = 3.0) -> list[int]:
+    """Wait up to ``timeout`` s for the processes ``pids`` to exit; then SIGTERM, then SIGKILL, whatever is left.
 
-    Most of ``timeout`` is a grace period for them to exit by themselves; the last quarter (at most
-    3 s each) goes to SIGTERM and then SIGKILL.  Every signal goes to a process by its own PID (never by
-    name).  Returns the PIDs that had to be signalled (an empty list: they all exited by themselves).
+    After each signal it waits up to ``signal_wait`` s, so it returns within ``timeout + 2 * signal_wait`` s
+    (:func:`within` splits one overall budget into the two).  Every signal goes to a process by its own PID
+    (never by name).  Returns the PIDs that had to be signalled (an empty list: they all exited by themselves).
 
-    >>> import subprocess, sys, time
+    >>> import subprocess, sys
     >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    >>> started = time.monotonic()
-    >>> stopped = stop_processes([child.pid], timeout=2.0)   # it sleeps on: signalled after its grace period
-    >>> stopped == [child.pid], psutil.pid_exists(child.pid), time.monotonic() - started < 2.5
-    (True, False, True)
+    >>> stopped = stop_processes([child.pid], timeout=0.1)   # it sleeps on: SIGTERM after 0.1 s
+    >>> stopped == [child.pid], psutil.pid_exists(child.pid)
+    (True, False)
     """
-    deadline = time.monotonic() + max(timeout, 0.0)
-    step = min(3.0, max(timeout, 0.0) / 8)  # for SIGTERM, and again for SIGKILL
-
-    def left(reserve: float) -> float:
-        return max(deadline - reserve - time.monotonic(), 0.0)
-
     procs = []
     for pid in dict.fromkeys(pids):
         try:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(procs, timeout=left(2 * step))
+    _, alive = psutil.wait_procs(procs, timeout=max(timeout, 0.0))
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-    _, still = psutil.wait_procs(alive, timeout=left(step))
+    _, still = psutil.wait_procs(alive, timeout=signal_wait)
     for p in still:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    psutil.wait_procs(still, timeout=left(0.0))
+    psutil.wait_procs(still, timeout=signal_wait)
     return sorted(p.pid for p in alive)
+
+
+def within(budget: float) -> dict[str, float]:
+    """``stop_processes`` arguments that spend at most ``budget`` seconds in all (a quarter per signal, at most 3 s).
+
+    >>> within(20.0), within(2.0)
+    ({'timeout': 14.0, 'signal_wait': 3.0}, {'timeout': 1.0, 'signal_wait': 0.5})
+    """
+    budget = max(budget, 0.0)
+    wait = min(3.0, budget / 4)
+    return {"timeout": budget - 2 * wait, "signal_wait": wait}
 
 
 # --- loopback for Serve replicas --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from infergraph_lite.frameworks.triton.client import TritonClient
 from infergraph_lite.frameworks.triton.errors import TritonStartError, TritonUnavailableError
 from infergraph_lite.frameworks.triton.repository import Repository, read_repository
-from infergraph_lite.serving.processes import free_ports, stop_processes
+from infergraph_lite.serving.processes import free_ports, stop_processes, within
 
 __all__ = ["TritonServer", "triton_available"]
 
@@ -97,7 +97,7 @@ def _stop_process_group(process: subprocess.Popen, grace: float, timeout: float 
             break
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    stop_processes(stubs, timeout=stub_wait)  # wait until every stub is really gone (SIGKILL is not instant)
+    stop_processes(stubs, **within(stub_wait))  # wait until every stub is really gone (SIGKILL is not instant)
     if interrupted is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(kill)  # reap it
