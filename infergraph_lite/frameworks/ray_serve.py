@@ -519,7 +519,8 @@ class RayServeGraph:
         self._handle = None
         if self._loop is not None:
             loop, self._loop = self._loop, None
-            with contextlib.suppress(RuntimeError):  # the loop may already be stopped
+            # The loop may be stopped already, or too busy to finish the cancelling in time: go on either way.
+            with contextlib.suppress(RuntimeError, TimeoutError, concurrent.futures.TimeoutError):
                 asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(timeout=min(5.0, timeout / 4))
             loop.call_soon_threadsafe(loop.stop)
             if self._loop_thread is not None:
