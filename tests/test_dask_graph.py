@@ -12,7 +12,14 @@ pytest.importorskip("distributed")
 
 from dask.task_spec import DataNode, Task
 
-from infergraph_lite import CycleError, InvalidNodeError, MissingDependencyError, MissingInputError, run_graph
+from infergraph_lite import (
+    CycleError,
+    InvalidNodeError,
+    MissingDependencyError,
+    MissingInputError,
+    NodeError,
+    run_graph,
+)
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
 from infergraph_lite.frameworks.dask_graph import DaskGraphCluster, run_dask, stage_item, to_dask_graph
 from infergraph_lite.lessons.examples import (
@@ -114,3 +121,82 @@ def test_a_batching_stage_is_refused_by_name_before_anything_runs():
         with pytest.raises(UnsupportedStageFieldError) as refused:
             start()
         assert (refused.value.engine, refused.value.stage, refused.value.field) == ("Dask", "topic", "max_batch_size")
+
+
+# --- failures resolve every request; close is bounded; each cluster stops only its own processes -------------
+
+
+def _faulty_stages() -> dict:
+    """pre -> fault -> post: fault raises, exits or kills its worker process on the words that ask for it."""
+
+    def fault(items: list) -> list:
+        for item in items:
+            if item == "raise":
+                raise ValueError("cannot take 'raise'")
+            if item == "exit":
+                raise SystemExit("asked to exit")
+            if item == "crash":
+                os._exit(3)  # the worker process dies mid-task
+            if item.startswith("sleep"):
+                import time
+
+                time.sleep(float(item.removeprefix("sleep")))
+        return [len(item) for item in items]
+
+    return {"pre": (Stage(fn=lambda xs: [x.strip() for x in xs]), ["text"]),
+            "fault": (Stage(fn=fault), ["pre"]),
+            "post": (Stage(fn=lambda xs: [x + 1 for x in xs]), ["fault"])}
+
+
+def _alive(pids) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_failing_stage_is_named_whatever_it_raises_and_a_crash_too():
+    with DaskGraphCluster(_faulty_stages(), inputs=["text"], n_workers=1, allowed_failures=0) as cluster:
+        assert cluster.submit({"text": " ok "}).result(timeout=60) == {"pre": "ok", "fault": 2, "post": 3}
+        for text, cause in (("raise", ValueError), ("exit", RuntimeError)):
+            with pytest.raises(NodeError) as caught:
+                cluster.submit({"text": text}).result(timeout=60)
+            assert caught.value.node == "fault" and isinstance(caught.value.__cause__, cause), caught.value
+        assert "SystemExit" in str(caught.value), "a SystemExit is reported as what it was"
+        first = cluster.started_pids()
+        with pytest.raises(NodeError) as caught:
+            cluster.submit({"text": "crash"}).result(timeout=90)
+        assert caught.value.node == "fault" and type(caught.value.__cause__).__name__ == "KilledWorker"
+        # The nanny restarts the worker; the cluster answers again, and the new worker is counted as ours.
+        assert cluster.submit({"text": "again"}).result(timeout=90)["post"] == 6
+        assert set(cluster.started_pids()) - set(first), "the restarted worker is a new process of this cluster"
+    assert cluster.close() == []
+    assert _alive(first) == []
+
+
+def test_close_ends_a_request_in_flight_and_returns_within_its_timeout():
+    import time
+
+    cluster = DaskGraphCluster(_faulty_stages(), inputs=["text"], n_workers=1, max_requests=1).start()
+    pids = cluster.started_pids()
+    slow = cluster.submit({"text": "sleep60"})  # runs on the worker for a minute
+    queued = cluster.submit({"text": "ok"})  # waits for a request thread
+    time.sleep(1.0)
+    started = time.monotonic()
+    cluster.close(timeout=20)
+    # A bound the code promises, not a speed: the old close waited for the request pool before closing the
+    # client the pool's thread was blocked on, i.e. the whole minute.
+    assert time.monotonic() - started < 20 + 5
+    for future in (slow, queued):
+        assert future.done(), "close left a request unresolved"
+        assert future.cancelled() or future.exception(timeout=0) is not None
+    assert _alive(pids) == []
+
+
+def test_two_clusters_at_once_closing_one_leaves_the_other_answering():
+    nodes = banana_nodes()
+    with DaskGraphCluster(nodes, inputs=["text"], n_workers=1) as first, \
+            DaskGraphCluster(nodes, inputs=["text"], n_workers=1) as second:
+        mine, theirs = first.started_pids(), second.started_pids()
+        assert mine and theirs and not set(mine) & set(theirs), "each cluster counts only its own workers"
+        assert first.close() == []
+        assert _alive(mine) == [] and _alive(theirs) == theirs, "closing one stopped the other's workers"
+        assert second.submit(BANANA_INPUTS).result(timeout=60)["combine"] == {"len": 6, "a_count": 3}
+    assert _alive(theirs) == []

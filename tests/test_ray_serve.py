@@ -38,11 +38,29 @@ TEXTS = [
     "A gripping novel, I could not put it down.",
     "",
 ]
-BATCHED = ("embed", "topic", "sentiment")
+BATCHED = ("embed", "topic", "sentiment", "fault")
 
 
 def _stages() -> dict:
-    return text_pipeline_stages(options={name: {"max_batch_size": 16, "max_wait": 0.005} for name in BATCHED})
+    """The text pipeline, plus a batching leaf `fault` that raises, exits, crashes or sleeps when asked to."""
+    stages = text_pipeline_stages(options={name: {"max_batch_size": 16, "max_wait": 0.005} for name in BATCHED[:3]})
+
+    def fault(texts: list) -> list:
+        for text in texts:
+            if text == "please raise":
+                raise ValueError("asked to raise")
+            if text == "please exit":
+                raise SystemExit("asked to exit")  # a BaseException: it would end Serve's batch loop
+            if text == "please crash":
+                os._exit(3)  # the replica's process dies mid-batch
+            if isinstance(text, str) and text.startswith("please sleep"):
+                import time
+
+                time.sleep(float(text.split()[-1]))
+        return [len(text) if isinstance(text, str) else 0 for text in texts]
+
+    stages["fault"] = (Stage(fn=fault, max_batch_size=4, max_wait=0.001), ["text"])
+    return stages
 
 
 # --- no Ray needed ---------------------------------------------------------------------------------------
@@ -118,6 +136,7 @@ def test_answers_like_run_graph(served):
         expected = run_graph(nodes, {"text": text})
         got = served.run({"text": text})
         assert list(got) == list(served.plan.order)
+        assert got.pop("fault") == len(text)
         for name, value in got.items():
             if isinstance(value, np.ndarray):
                 np.testing.assert_array_equal(value, expected[name])
@@ -215,10 +234,41 @@ def test_serve_batch_starts_its_window_when_the_busy_replica_picks_the_first_req
 
 
 @pytest.mark.ray
+def test_a_stage_that_raises_anything_or_dies_fails_its_requests_by_name(served):
+    for text, said in (("please raise", "ValueError"), ("please exit", "SystemExit")):
+        with pytest.raises(NodeError) as caught:
+            served.run({"text": text}, timeout=120)
+        assert caught.value.node == "fault" and said in str(caught.value), caught.value
+    assert served.run({"text": TEXTS[0]}, timeout=120)["fault"] == len(TEXTS[0]), "the batch loop survived"
+    with pytest.raises(NodeError) as caught:
+        served.run({"text": "please crash"}, timeout=180)
+    assert caught.value.node == "fault", caught.value
+    # Serve replaces the dead replica; the graph answers again.
+    assert served.run({"text": TEXTS[1]}, timeout=180)["fault"] == len(TEXTS[1])
+
+
+@pytest.mark.ray
 def test_zz_close_leaves_no_process(served):
+    import time
+
+    pytest.importorskip("distributed")
+    from infergraph_lite.frameworks.dask_graph import DaskGraphCluster
+    from infergraph_lite.lessons.examples import BANANA_INPUTS, banana_nodes
+
     pids = served.started_pids()
     assert len(pids) >= 10, "Ray's services and one process per replica should have been running"
-    assert served.close() == [], "every process exited on its own after ray.shutdown()"
+    # Another server in this interpreter, started after Ray: closing Ray must leave its processes alone.
+    with DaskGraphCluster(banana_nodes(), inputs=["text"], n_workers=1) as cluster:
+        dask_pids = cluster.started_pids()
+        assert dask_pids and not set(dask_pids) & set(pids), "Ray counts only the processes its node started"
+        slow = served.submit({"text": "please sleep 30"})  # still running when close begins
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert served.close(timeout=60) == [], "every process exited on its own after ray.shutdown()"
+        assert time.monotonic() - started < 60 + 5, "close(timeout) is bounded"  # a promise, not a speed
+        assert slow.done(), "close left a request pending"
+        assert all(psutil.pid_exists(pid) for pid in dask_pids), "closing Ray stopped a Dask worker"
+        assert cluster.submit(BANANA_INPUTS).result(timeout=60)["combine"] == {"len": 6, "a_count": 3}
     assert not ray.is_initialized()
     left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == []

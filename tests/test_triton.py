@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -79,6 +80,10 @@ def failing_stages() -> dict:
     def model_b(xs: list) -> list:
         if any("boom" in x for x in xs):
             raise ValueError("cannot count 'boom'")
+        if any("exit" in x for x in xs):
+            raise SystemExit("asked to exit")  # a BaseException: uncaught, it would end the stub
+        if any("crash" in x for x in xs):
+            os._exit(3)  # the model's process dies mid-batch
         return [x.count("a") for x in xs]
 
     stages["modelB"] = (Stage(fn=model_b, max_batch_size=4), ["pre"])
@@ -423,12 +428,24 @@ def test_every_listening_socket_of_the_server_is_loopback(text_server):
 
 @needs_server
 def test_a_node_that_raises_answers_with_an_error_naming_it(tmp_path):
+    import time
+
     repo = to_model_repository(failing_stages(), tmp_path, factory="tests.test_triton:failing_stages",
                                example=BANANA_INPUTS)
     with TritonServer(repo) as server, server.client() as client:
         assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3}
         with pytest.raises(RuntimeError, match=r"modelB.*cannot count 'boom'"):
             client.submit({"text": "boom"}).result(timeout=30)
+        with pytest.raises(RuntimeError, match=r"modelB.*SystemExit.*asked to exit"):
+            client.submit({"text": "exit"}).result(timeout=30)
+        assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3}, "the stub survived SystemExit"
+        family = [p.pid for p in server.processes()]
+        with pytest.raises(RuntimeError, match=r"modelB"):  # Triton names the instance whose stub died
+            client.submit({"text": "crash"}).result(timeout=60)
+        started = time.monotonic()
+        server.stop(timeout=15)
+        assert time.monotonic() - started < 15 + 5, "stop(timeout) is bounded"  # a promise, not a speed
+    assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
 @needs_server
@@ -526,3 +543,59 @@ def test_the_reader_takes_comments_escapes_and_repeated_fields():
     assert config.name == 'a"b' and list(config.input[0].dims) == [1, -1]
     assert [(g.count, model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)) for g in config.instance_group] == [
         (1, "KIND_AUTO"), (2, "KIND_GPU")]
+
+
+def test_a_start_that_fails_before_the_process_leaves_no_temporary_folder(monkeypatch, tmp_path):
+    from infergraph_lite.frameworks.triton import server
+
+    to_model_repository(tiny_stages(), tmp_path / "repo", factory="tests.test_triton:tiny_stages",
+                        example=BANANA_INPUTS)
+    fake = tmp_path / "pytriton"  # a wheel whose Python backend has no stub for this Python
+    (fake / "backends" / "python").mkdir(parents=True)
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (fake / "backends" / "python" / name).write_text("")
+    monkeypatch.setattr(server, "_pytriton_root", lambda: fake)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(server.tempfile, "tempdir", str(temp))
+    with pytest.raises(TritonUnavailableError, match="no Python backend stub"):
+        TritonServer(tmp_path / "repo").start()
+    assert list(temp.iterdir()) == [], "the working folder of a failed start was left behind"
+
+
+@needs_server
+def test_a_port_taken_after_the_pick_is_retried_on_new_ports(monkeypatch, tmp_path):
+    from infergraph_lite.frameworks.triton import server
+
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks = []
+        real = server._free_ports
+
+        def racy_pick(count: int) -> list[int]:  # the first pick loses the race: its HTTP port is taken
+            picks.append(real(count) if picks else [port, *real(count - 1)])
+            return picks[-1]
+
+        monkeypatch.setattr(server, "_free_ports", racy_pick)
+        with TritonServer(tmp_path, timeout=60) as triton, triton.client() as client:
+            assert triton.attempts == 2 and triton.http_port != port and len(picks) == 2
+            assert client.infer(BANANA_INPUTS)["combine"] == {"len": 6, "a_count": 3}
+
+
+@needs_server
+def test_a_dask_cluster_beside_triton_stops_only_its_own_processes(text_server, text_client):
+    pytest.importorskip("distributed")
+    from infergraph_lite.frameworks.dask_graph import DaskGraphCluster
+    from infergraph_lite.lessons.examples import banana_nodes
+
+    triton_family = {p.pid for p in text_server.processes()}
+    cluster = DaskGraphCluster(banana_nodes(), inputs=["text"], n_workers=1).start()
+    dask_pids = cluster.started_pids()
+    assert dask_pids and not set(dask_pids) & triton_family
+    assert cluster.submit(BANANA_INPUTS).result(timeout=60)["combine"] == {"len": 6, "a_count": 3}
+    assert cluster.close(timeout=30) == []
+    assert all(psutil.pid_exists(pid) for pid in triton_family), "closing Dask stopped a Triton process"
+    assert text_client.infer(TEXT)["format"], "Triton still answers"

@@ -24,7 +24,9 @@ graph an input whose *value* is a string equal to some key name would be read as
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -33,9 +35,10 @@ import psutil
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
+from infergraph_lite.core.execute import NodeError
 from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError, batch_item, prepare_stages
-from infergraph_lite.serving.processes import stop_processes
+from infergraph_lite.serving.processes import owned_processes, stop_processes, within
 
 __all__ = ["ENGINE", "DaskGraphCluster", "from_stage", "run_dask", "stage_item", "to_dask_graph"]
 
@@ -50,8 +53,19 @@ def stage_item(fn: Any, *values: Any) -> Any:
     42
     >>> stage_item(lambda pairs: [a + b for a, b in pairs], 1, 2)
     3
+    >>> stage_item(lambda xs: exit(3), 1)
+    Traceback (most recent call last):
+    ...
+    RuntimeError: SystemExit raised by a stage: 3
     """
-    return fn([batch_item(values)])[0]
+    try:
+        return fn([batch_item(values)])[0]
+    except Exception:
+        raise
+    except BaseException as error:  # noqa: BLE001 - reported to the caller as this request's failure
+        # A Dask worker lets SystemExit / KeyboardInterrupt through to shut itself down (its nanny restarts
+        # it and the task is retried elsewhere); from a stage they are a failure of that request, reported so.
+        raise RuntimeError(f"{type(error).__name__} raised by a stage: {error}") from None
 
 
 def from_stage(name: str, stage: Stage) -> Callable[[list[Any]], Sequence[Any]]:
@@ -171,10 +185,14 @@ class DaskGraphCluster:
 
     Scheduler (and its small HTTP server: without bokeh there is no dashboard page), nannies and workers
     listen on 127.0.0.1 only, each on a free port.
-    ``submit(inputs)`` builds the request's graph (keys ``(name, request number)``) and returns a
-    ``concurrent.futures.Future`` of every node's value; ``max_requests`` graphs are in flight at once.
-    On exit the client and cluster are closed and every process the cluster started is waited for by
-    PID (and stopped if it lingers).
+    ``submit(inputs) -> Future`` builds the request's graph (keys ``(name, request number)``) and returns a
+    ``concurrent.futures.Future`` of every node's value, or a ``NodeError`` naming the first node (in
+    topological order) that failed; ``max_requests`` graphs are in flight at once.  A worker that dies
+    while running a task is restarted by its nanny and the task retried, ``allowed_failures`` times
+    (``None``: Dask's setting, 3); then the request fails with Dask's ``KilledWorker``, named by node.
+    ``close(timeout)`` cancels what has not started, closes the client (which ends the requests in flight,
+    with an error) and the cluster, and stops, by PID, the processes this cluster owns: its workers (each
+    nanny's process) and their descendants -- never another server's.
 
     >>> from infergraph_lite.lessons.examples import banana_nodes, BANANA_INPUTS
     >>> with DaskGraphCluster(banana_nodes(), inputs=["text"], n_workers=1) as cluster:  # doctest: +SKIP
@@ -191,29 +209,39 @@ class DaskGraphCluster:
         threads_per_worker: int = 1,
         processes: bool = True,
         max_requests: int = 16,
+        allowed_failures: int | None = None,
     ):
         self.nodes = nodes
         self.plan = _prepare(nodes, inputs)
         self.n_workers, self.threads_per_worker, self.processes = n_workers, threads_per_worker, processes
         self.max_requests = max_requests
+        if allowed_failures is not None and (isinstance(allowed_failures, bool) or not isinstance(allowed_failures, int)
+                                             or allowed_failures < 0):
+            raise ValueError(f"allowed_failures must be an int >= 0 (or None for Dask's setting), "
+                             f"got {allowed_failures!r}")
+        self.allowed_failures = allowed_failures
         self.cluster: Any = None
         self.client: Any = None
         self.timings: dict[str, float] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._counter = itertools.count()
-        self._before: set[int] = set()
+        self._owned: dict[int, None] = {}  # every worker process (and descendant) this cluster has had
 
     def start(self) -> DaskGraphCluster:
         """Start the cluster (scheduler, ``n_workers`` workers) on 127.0.0.1 and connect a client."""
+        import dask
         from distributed import Client, LocalCluster
 
-        self._before = {p.pid for p in psutil.Process().children(recursive=True)}
         started = time.perf_counter()
+        settings = ({} if self.allowed_failures is None
+                    else {"distributed.scheduler.allowed-failures": self.allowed_failures})
         try:
-            self.cluster = LocalCluster(host="127.0.0.1", n_workers=self.n_workers,
-                                        threads_per_worker=self.threads_per_worker, processes=self.processes,
-                                        dashboard_address="127.0.0.1:0", silence_logs=40)
+            with dask.config.set(settings):  # the scheduler reads it when it is made
+                self.cluster = LocalCluster(host="127.0.0.1", n_workers=self.n_workers,
+                                            threads_per_worker=self.threads_per_worker, processes=self.processes,
+                                            dashboard_address="127.0.0.1:0", silence_logs=40)
             self.client = Client(self.cluster)
+            self.started_pids()  # record the workers now
         except BaseException:
             self.close()
             raise
@@ -221,48 +249,94 @@ class DaskGraphCluster:
         self._pool = concurrent.futures.ThreadPoolExecutor(self.max_requests, thread_name_prefix="dask-request")
         return self
 
-    def started_pids(self) -> list[int]:
-        """The PIDs of the processes the cluster started that are still alive.
+    def _worker_pids(self) -> list[int]:
+        # Each nanny (in this process) records the PID of the worker process it runs; a restarted worker is
+        # a new PID, so this is read again whenever the processes are counted.
+        if self.cluster is None:
+            return []
+        return [pid for nanny in list(self.cluster.workers.values()) if (pid := getattr(nanny, "pid", None))]
 
-        Python's multiprocessing *resource tracker*, which the first spawned worker starts and which
-        lives as long as this interpreter (it cleans up what crashed children leak), is not counted:
-        it is not the cluster's, and it exits with this process.
+    def started_pids(self) -> list[int]:
+        """The PIDs of this cluster's processes that are still alive: its workers and their descendants.
+
+        Found from the cluster's own record (each nanny's worker PID), never as "every child of this
+        interpreter": another cluster or server in this process is not counted, and neither is Python's
+        multiprocessing *resource tracker* (it belongs to this interpreter and exits with it).
         """
-        return [p.pid for p in psutil.Process().children(recursive=True)
-                if p.pid not in self._before and not _is_resource_tracker(p)]
+        for pid in owned_processes(self._worker_pids()):
+            self._owned.setdefault(pid)
+        alive = []
+        for pid in self._owned:
+            try:
+                process = psutil.Process(pid)
+                if process.status() != psutil.STATUS_ZOMBIE and not _is_resource_tracker(process):
+                    alive.append(pid)
+            except psutil.Error:
+                continue
+        return alive
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Run one request's graph on the cluster and return every node's value."""
+        """Run one request's graph on the cluster and return every node's value.
+
+        A failure is raised as a ``NodeError`` naming the first node, in topological order, whose task erred
+        (a node's dependents err with it).
+        """
+        from distributed import wait
+
         if self.client is None:
             raise RuntimeError("not started: use `with DaskGraphCluster(...) as cluster:` or call .start()")
         request = next(self._counter)
         graph = to_dask_graph(self.nodes, inputs, request=request, plan=self.plan)
-        values = self.client.get(graph, [(name, request) for name in self.plan.order])
-        return dict(zip(self.plan.order, values))
+        futures = self.client.get(graph, [(name, request) for name in self.plan.order], sync=False)
+        try:
+            wait(futures)
+            for name, future in zip(self.plan.order, futures):
+                if future.status == "error":
+                    error = future.exception()
+                    raise NodeError(name, error) from error
+            return dict(zip(self.plan.order, self.client.gather(futures)))
+        finally:
+            for future in futures:
+                future.release()
 
     def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
-        """Send one request (one graph); the future gives every node's value."""
+        """Send one request (one graph); the future gives every node's value, or a NodeError naming the node."""
         self.plan.check_inputs(inputs)
         if self._pool is None:
             raise RuntimeError("not started: use `with DaskGraphCluster(...) as cluster:` or call .start()")
         return self._pool.submit(self.run, inputs)
 
-    def close(self) -> list[int]:
-        """Close the client and the cluster, then wait for their processes by PID.
+    def close(self, timeout: float = 30.0) -> list[int]:
+        """Close the client and the cluster and stop this cluster's processes by PID; returns within ``timeout`` s.
 
-        Returns the PIDs that had to be stopped (none, normally).
+        In this order: requests not yet started are cancelled; the client is closed, which ends every
+        request in flight (its future raises); the cluster is closed; the request threads are joined; then
+        every process the cluster owns that is still alive is stopped (SIGTERM, SIGKILL by PID).  Returns the
+        PIDs that had to be stopped (none, normally).  Safe to call twice, and after a failed start.
         """
-        pids = self.started_pids() if self._before or self.cluster is not None else []
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        if self.cluster is not None:
-            self.cluster.close()
-            self.cluster = None
-        return stop_processes(pids)
+        deadline = time.monotonic() + timeout
+        pids = self.started_pids()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)  # not wait: the threads in flight need the client closed
+        client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+
+        def shut_down() -> None:
+            # The client first: a request thread blocked in wait() on it returns (with an error) when it closes.
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close(timeout=max(deadline - time.monotonic(), 1.0) / 2)
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster.close(timeout=max(deadline - time.monotonic(), 1.0) / 2)
+
+        closer = threading.Thread(target=shut_down, name="dask-graph-close", daemon=True)
+        closer.start()
+        closer.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
+        if pool is not None:
+            for thread in list(getattr(pool, "_threads", ())):
+                thread.join(timeout=max(0.7 * (deadline - time.monotonic()), 0.0))
+        return stop_processes(pids, **within(deadline - time.monotonic()))
 
     def __enter__(self) -> DaskGraphCluster:
         return self.start()

@@ -53,12 +53,15 @@ import concurrent.futures  # noqa: E402
 import contextlib  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
+import psutil  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
@@ -76,7 +79,16 @@ from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
     from_stage,
 )
 from infergraph_lite.serving.batcher import QueueFullError  # noqa: E402
-from infergraph_lite.serving.processes import Listener, is_loopback, listening_sockets, process_tree, stop_processes  # noqa: E402
+from infergraph_lite.serving.processes import (  # noqa: E402
+    Listener,
+    free_ports,
+    is_loopback,
+    listening_sockets,
+    owned_processes,
+    process_tree,
+    stop_processes,
+    within,
+)
 
 __all__ = [
     "ENGINE",
@@ -104,6 +116,16 @@ TESTED_RAY = "2.60."
 """The Ray release line whose internals :func:`keep_replica_grpc_on_loopback` was written and tested against."""
 
 SETUP_HOOK = f"{__name__}.keep_replica_grpc_on_loopback"
+LIGHT_IMPORT_STUBS = {
+    # ``import ray`` imports jsonschema, which imports rfc3987_syntax if it is installed (the Jupyter stack
+    # installs it), and that package builds an Earley parser for IRIs at import: about 3 of the 5 CPU-seconds
+    # an ``import ray`` costs (measured), in every Python process Ray starts -- its agents, its dashboard
+    # server, the Serve controller, every replica -- for a format check Ray never asks for.  jsonschema
+    # imports it inside ``suppress(ImportError)``, so a stand-in that raises ImportError only drops that check.
+    "rfc3987_syntax": 'raise ImportError("kept out of the processes Ray starts for a RayServeGraph")\n',
+}
+"""Modules that every process Ray starts for a :class:`RayServeGraph` finds as an ImportError (a folder of
+stand-ins, first on their ``PYTHONPATH``; this interpreter is not affected)."""
 
 
 class LoopbackError(RuntimeError):
@@ -192,7 +214,14 @@ class StageReplica:
     def run_items(self, items: list[Any]) -> list[Any]:
         """Call the batch function on ``items`` and check it gave one result per item."""
         self.sizes[len(items)] += 1
-        results = list(self.fn(items))
+        try:
+            results = list(self.fn(items))
+        except Exception:
+            raise
+        except BaseException as error:  # noqa: BLE001 - reported to every caller of the batch
+            # SystemExit, KeyboardInterrupt, ...: raised through Serve they would end this replica's batch loop
+            # (leaving the batch's callers waiting) or the actor; as an ordinary error every caller hears of it.
+            raise RuntimeError(f"stage {self.name!r} raised {type(error).__name__}: {error}") from None
         if len(results) != len(items):
             raise ValueError(f"stage {self.name!r}: its fn returned {len(results)} results for {len(items)} items")
         return results
@@ -256,6 +285,15 @@ INGRESS_DEPLOYMENT = serve.deployment(GraphIngress, max_ongoing_requests=1000, r
 # --- the graph on a local Ray ---------------------------------------------------------------------------------
 
 
+async def _cancel_pending() -> None:
+    # Every request coroutine on this loop (all but this one) is cancelled and awaited, so no future is left
+    # pending when the loop stops.
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _cpu_share(num_cpus: float, replicas: int) -> float:
     # Every replica gets the same fractional CPU, so all of them fit at once (rounded down to 1/100).
     return max(math.floor(100 * num_cpus / max(replicas, 1)) / 100, 0.01)
@@ -268,8 +306,11 @@ class RayServeGraph:
     no dashboard), deploys one deployment per node plus the ingress without any HTTP proxy, checks
     that every listening socket of every process Ray started is on loopback, and answers
     ``served.submit({"text": ...})`` with a ``concurrent.futures.Future`` of every node's value (so
-    :func:`~infergraph_lite.serving.loadtest.run_open_loop` and ``run_closed_loop`` drive it).  On exit Ray
-    is shut down and every process it started is waited for, by PID (and stopped if it lingers).
+    :func:`~infergraph_lite.serving.loadtest.run_open_loop` and ``run_closed_loop`` drive it).  A stage that
+    raises (any ``BaseException``) or whose replica dies fails its requests with a ``NodeError`` naming it.
+    ``close(timeout)`` (also on exit) cancels the requests still pending, shuts Serve and Ray down and
+    stops, by PID, what is left of the processes Ray's node records it started and their descendants
+    (:meth:`started_pids`) -- never another server's -- and returns within ``timeout``.
 
     ``num_cpus_per_replica`` defaults to an equal share of ``num_cpus`` for every replica;
     ``autoscaling`` maps stage names to an :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig` or its
@@ -316,7 +357,10 @@ class RayServeGraph:
         self.ingress_name = next(n for n in ("ingress", "_ingress", "__ingress") if n not in self.plan.nodes)
         self.timeout = timeout
         self.timings: dict[str, float] = {}
-        self._before: set[int] = set(process_tree())
+        self._roots: set[int] = set()  # the processes Ray's node records it started
+        self._owned: dict[int, None] = {}  # every process found under those roots, in order
+        self._node: Any = None
+        self._site: str | None = None  # the folder of LIGHT_IMPORT_STUBS
         self._handle: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -350,7 +394,6 @@ class RayServeGraph:
         if not ray.__version__.startswith(TESTED_RAY):
             raise LoopbackError(f"ray {ray.__version__} is installed; the loopback hook was tested with "
                                 f"{TESTED_RAY}* (requirements.txt pins it)")
-        self._before = set(process_tree())
         started = time.perf_counter()
         try:
             for name in ("ray", "ray.serve"):
@@ -371,26 +414,87 @@ class RayServeGraph:
         return self
 
     def _init_ray(self, attempts: int = 2) -> None:
-        # Ray 2.60's raylet waits a fixed 15 s for its dashboard agent (a Python process) to report its ports,
-        # and ray.init a fixed 30 s for the raylet; on a machine busy with other work the agent's start-up can
-        # miss that window and Ray gives up. Then stop what was started, by PID, and try once more.
+        # Why a start used to fail on a busy 2-core machine (ray 2.60, read from its raylet log and source): the
+        # raylet spawns two Python agents (dashboard agent, runtime-env agent) and then *blocks*, before it
+        # registers with the GCS, until each agent has written its port to a file -- a fixed 15 s per port,
+        # after which the raylet aborts ("Timed out waiting for file .../metrics_agent_port_..."); ray.init in
+        # turn gives the raylet a fixed 30 s to register.  Neither window is a setting.  The agents are the
+        # slowest processes to start (each imports much of Ray), and ray.init starts them at the same moment as
+        # three more Python processes (autoscaler monitor, log monitor, dashboard API server) and, once the
+        # raylet is up, one idle worker per CPU, so on cores busy with other work the agents took 20-75 s.
+        # Most of each Python process's start is `import ray`, and most of that (3 of 5 CPU-seconds, measured)
+        # is one package: jsonschema imports rfc3987_syntax, which builds an Earley parser at import.
+        # The fix, in Ray's own parameters: pick the agents' ports here and hand them to the raylet, so it
+        # registers without waiting for any agent (the agents bind them when they are up); start no autoscaler
+        # monitor (one fixed machine: nothing to scale; Serve's autoscaler lives in its controller) and no log
+        # monitor (log_to_driver=False: nobody reads it), nor the idle workers Ray starts ahead (one per CPU,
+        # of no use here: every replica needs our runtime env); and let the raylet wait agent_register_timeout_ms
+        # and worker_register_timeout_seconds (both configurable) up to two minutes for the runtime-env agent a
+        # worker's setup hook needs and for a worker process to start; and keep rfc3987_syntax out of every
+        # process Ray starts (LIGHT_IMPORT_STUBS first on their PYTHONPATH): each of them 3 CPU-seconds cheaper.
+        # A taken port (a race with another process) fails the start; then stop what we started and retry.
         for attempt in range(1, attempts + 1):
             try:
-                ray.init(num_cpus=self.num_cpus, include_dashboard=False, logging_level=logging.WARNING,
-                         log_to_driver=False, _node_ip_address="127.0.0.1",
-                         runtime_env={"worker_process_setup_hook": SETUP_HOOK})
+                self._node = self._start_head()
+                ray.init(address=self._node.address, logging_level=logging.WARNING, log_to_driver=False,
+                         _node_ip_address="127.0.0.1", runtime_env={"worker_process_setup_hook": SETUP_HOOK})
                 return
-            except Exception as error:
-                if "timed out during startup" not in str(error) or attempt == attempts:
+            except Exception:
+                if attempt == attempts:
                     raise
-                pids = self.started_pids()
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
-                stop_processes(pids)
+                self._stop_ray(timeout=15.0)
+
+    def _start_head(self) -> Any:
+        from ray._private import services
+        from ray._private.node import Node
+        from ray._private.parameter import RayParams
+
+        metrics_agent, agent_listen, runtime_env_agent, metrics_export = free_ports(4)
+        params = RayParams(
+            node_ip_address="127.0.0.1", num_cpus=self.num_cpus, include_dashboard=False, no_monitor=True,
+            include_log_monitor=False, metrics_agent_port=metrics_agent, dashboard_agent_listen_port=agent_listen,
+            runtime_env_agent_port=runtime_env_agent, metrics_export_port=metrics_export,
+            _system_config={"agent_register_timeout_ms": 120_000, "worker_register_timeout_seconds": 120,
+                            # no idle workers started ahead: they carry no runtime env, so no replica can use them
+                            "enable_worker_prestart": False, "prestart_worker_first_driver": False})
+        # Ray 2.60 gives its agents all four ports but the raylet only three: the raylet has a
+        # --dashboard_agent_listen_port flag that services.start_raylet never passes, so it would still wait
+        # 15 s for that port's file.  Pass it, only to the raylet, only while this node starts.
+        site = self._site = tempfile.mkdtemp(prefix="infergraph-ray-site-")
+        for module, source in LIGHT_IMPORT_STUBS.items():
+            os.makedirs(os.path.join(site, module))
+            with open(os.path.join(site, module, "__init__.py"), "w") as stub:
+                stub.write(source)
+        original = services.start_ray_process
+
+        def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
+            if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+                command = [*command, f"--dashboard_agent_listen_port={agent_listen}"]
+            # Every process Ray starts (and the raylet's children: agents, workers) skips rfc3987_syntax's
+            # 3 s-of-CPU import (LIGHT_IMPORT_STUBS): the largest single cost of a start on busy cores.
+            path = os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
+            kwargs["env_updates"] = {**(kwargs.get("env_updates") or {}), "PYTHONPATH": path}
+            return original(command, process_type, *args, **kwargs)
+
+        services.start_ray_process = start_ray_process
+        try:
+            node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
+        finally:
+            services.start_ray_process = original
+        self._roots |= {info.process.pid for infos in node.all_processes.values() for info in infos}
+        return node
 
     def started_pids(self) -> list[int]:
-        """The PIDs of every process Ray started for us that is still alive (our descendants since start)."""
-        return [pid for pid in process_tree() if pid not in self._before]
+        """The PIDs of every process Ray started for this graph that is still alive.
+
+        Ray's own record of the processes its node started (GCS, raylet, agents, reaper, ...) are the roots;
+        the rest (workers, replicas) are their descendants.  Nothing else is counted, so another server running
+        in this interpreter (a Dask cluster, a Triton server) is never taken for Ray's.
+        """
+        for pid in owned_processes(self._roots):
+            self._owned.setdefault(pid)
+        return [pid for pid in self._owned if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
     def listeners(self) -> list[Listener]:
         """Every listening socket of this process and of every process Ray started."""
@@ -404,24 +508,54 @@ class RayServeGraph:
             raise LoopbackError(f"listening beyond loopback: {exposed}")
         return listeners
 
-    def close(self) -> list[int]:
-        """Shut Ray down and wait, by PID, for every process it started; return the PIDs that had to be stopped.
+    def close(self, timeout: float = 60.0) -> list[int]:
+        """Resolve every pending request, shut Serve and Ray down, and wait, by PID, for every process Ray started.
 
-        Safe to call twice, and after a failed start.
+        Returns within about ``timeout`` seconds, with the PIDs that had to be stopped (none, normally).  A
+        request still in flight is cancelled (its future raises ``CancelledError``) before the loop that
+        serves it stops.  Safe to call twice, and after a failed start.
         """
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join(timeout=5)
-            self._loop.close()
-            self._loop = self._loop_thread = None
+        deadline = time.monotonic() + timeout
         self._handle = None
+        if self._loop is not None:
+            loop, self._loop = self._loop, None
+            # The loop may be stopped already, or too busy to finish the cancelling in time: go on either way.
+            with contextlib.suppress(RuntimeError, TimeoutError, concurrent.futures.TimeoutError):
+                asyncio.run_coroutine_threadsafe(_cancel_pending(), loop).result(timeout=min(5.0, timeout / 4))
+            loop.call_soon_threadsafe(loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=max(min(5.0, deadline - time.monotonic()), 0.0))
+            if not loop.is_running():
+                loop.close()
+            self._loop_thread = None
+        return self._stop_ray(max(deadline - time.monotonic(), 1.0))
+
+    def _stop_ray(self, timeout: float) -> list[int]:
+        # serve.shutdown and ray.shutdown have no timeout of their own: run them on a helper thread and give up
+        # waiting at the deadline; then every process Ray started is stopped by its PID.
+        deadline = time.monotonic() + timeout
         pids = self.started_pids()
-        if ray.is_initialized():
-            with contextlib.suppress(Exception):  # Serve may be half started after a failed start
-                serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
-            ray.shutdown()  # stops the raylet, the GCS and every worker
-        return stop_processes(pids)
+        node, self._node = self._node, None
+
+        def shut_down() -> None:
+            if ray.is_initialized():
+                with contextlib.suppress(Exception):  # Serve may be half started after a failed start
+                    serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
+                with contextlib.suppress(Exception):
+                    ray.shutdown()  # disconnects this driver
+            if node is not None:
+                with contextlib.suppress(Exception):
+                    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+
+        worker = threading.Thread(target=shut_down, name="ray-serve-graph-close", daemon=True)
+        worker.start()
+        worker.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
+        stopped = stop_processes(pids, **within(deadline - time.monotonic()))
+        self._roots, self._owned = set(), {}
+        if self._site is not None:
+            shutil.rmtree(self._site, ignore_errors=True)
+            self._site = None
+        return stopped
 
     def __enter__(self) -> RayServeGraph:
         return self.start()

@@ -3,7 +3,7 @@
 Every server the notebooks and tests start (Triton, Ray, Dask, our own) must listen on 127.0.0.1 only
 and be stopped by its own process IDs.  These helpers find a server's process tree, list every
 listening socket of those processes, say whether an address is loopback, and stop what is left.
-Used by :mod:`infergraph_lite.ray_serve` and :mod:`infergraph_lite.dask_graph` (notebook 07).
+Used by the Triton, Ray Serve and Dask adapters (notebook 07).
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import socket
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import psutil
 
-__all__ = ["Listener", "is_loopback", "listening_sockets", "process_tree", "stop_processes"]
+__all__ = ["Listener", "free_ports", "is_loopback", "listening_sockets", "owned_processes", "process_tree",
+           "stop_processes", "within"]
 
 
 class Listener(NamedTuple):
@@ -79,11 +81,63 @@ def listening_sockets(pids: Iterable[int]) -> list[Listener]:
     return sorted(found, key=lambda x: (x.pid, x.port))
 
 
-def stop_processes(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
-    """Wait up to ``timeout`` s for the processes ``pids`` to exit; SIGTERM, then SIGKILL, whatever is left.
+def owned_processes(roots: Iterable[int]) -> list[int]:
+    """The living processes among ``roots`` and every living descendant of each: what a server owns.
 
-    Every signal goes to a process by its own PID (never by name).  Returns the PIDs that had to be
-    stopped this way (an empty list: they all exited by themselves).
+    A server records the root PIDs it spawned itself (or that its framework records for it) and finds the
+    rest from those roots, never as "every child of this interpreter", so closing one server cannot touch
+    another's processes.  Gone roots are skipped; the list is in order of discovery, without repeats.
+
+    >>> import subprocess, sys
+    >>> mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    >>> other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    >>> owned_processes([mine.pid]) == [mine.pid]       # the other child of this process is not mine
+    True
+    >>> stop_processes([mine.pid, other.pid], timeout=0.1) == sorted([mine.pid, other.pid])
+    True
+    """
+    found: dict[int, None] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            if root.status() == psutil.STATUS_ZOMBIE:
+                continue
+            found.setdefault(pid)
+            for child in root.children(recursive=True):
+                found.setdefault(child.pid)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return list(found)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports on ``host`` that were free a moment ago.
+
+    Another process can take one before the caller binds it (a race no pick can close): a server that
+    starts on picked ports must retry on a taken one (see :class:`~infergraph_lite.frameworks.triton.TritonServer`).
+
+    >>> ports = free_ports(3)
+    >>> len(set(ports)), all(1024 <= p < 65536 for p in ports)
+    (3, True)
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def stop_processes(pids: Sequence[int], timeout: float = 10.0, *, signal_wait: float = 3.0) -> list[int]:
+    """Wait up to ``timeout`` s for the processes ``pids`` to exit; then SIGTERM, then SIGKILL, whatever is left.
+
+    After each signal it waits up to ``signal_wait`` s, so it returns within ``timeout + 2 * signal_wait`` s
+    (:func:`within` splits one overall budget into the two).  Every signal goes to a process by its own PID
+    (never by name).  Returns the PIDs that had to be signalled (an empty list: they all exited by themselves).
 
     >>> import subprocess, sys
     >>> child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -92,21 +146,32 @@ def stop_processes(pids: Sequence[int], timeout: float = 10.0) -> list[int]:
     (True, False)
     """
     procs = []
-    for pid in pids:
+    for pid in dict.fromkeys(pids):
         try:
             procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    _, alive = psutil.wait_procs(procs, timeout=max(timeout, 0.0))
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.terminate()
-    _, still = psutil.wait_procs(alive, timeout=3.0)
+    _, still = psutil.wait_procs(alive, timeout=signal_wait)
     for p in still:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    psutil.wait_procs(still, timeout=3.0)
-    return [p.pid for p in alive]
+    psutil.wait_procs(still, timeout=signal_wait)
+    return sorted(p.pid for p in alive)
+
+
+def within(budget: float) -> dict[str, float]:
+    """``stop_processes`` arguments that spend at most ``budget`` seconds in all (a quarter per signal, at most 3 s).
+
+    >>> within(20.0), within(2.0)
+    ({'timeout': 14.0, 'signal_wait': 3.0}, {'timeout': 1.0, 'signal_wait': 0.5})
+    """
+    budget = max(budget, 0.0)
+    wait = min(3.0, budget / 4)
+    return {"timeout": budget - 2 * wait, "signal_wait": wait}
 
 
 # --- loopback for Serve replicas --------------------------------------------------------------------------

@@ -53,7 +53,8 @@ class NodeModel:
     Triton calls ``execute`` with the requests its dynamic batcher gathered; each request holds a
     tensor per input with a leading batch dimension.  The values of all requests are decoded into
     one list, the node's ``fn`` runs once on it, and the results are cut back into one response per
-    request.  A node that raises answers every request of the batch with the error, naming the node.
+    request.  A node that raises -- an ``Exception`` or any other ``BaseException`` (``SystemExit``), which would
+    otherwise end the stub process -- answers every request of the batch with the error, naming the node.
     """
 
     factory: str = ""
@@ -89,7 +90,7 @@ class NodeModel:
             results = self.fn(items)
             if len(results) != len(items):
                 raise ValueError(f"returned {len(results)} results for {len(items)} items")
-        except Exception as exc:  # noqa: BLE001 - the node's error goes back to every caller of this batch
+        except BaseException as exc:  # noqa: BLE001 - the node's error (a SystemExit too) goes back to every caller
             error = pb.TritonError(f"node {self.node!r} raised {type(exc).__name__}: {exc}")
             return [pb.InferenceResponse(output_tensors=[], error=error) for _ in requests]
         name, kind = self.output

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -28,6 +27,7 @@ from typing import Any, Literal
 from infergraph_lite.frameworks.triton.client import TritonClient
 from infergraph_lite.frameworks.triton.errors import TritonStartError, TritonUnavailableError
 from infergraph_lite.frameworks.triton.repository import Repository, read_repository
+from infergraph_lite.serving.processes import free_ports, stop_processes, within
 
 __all__ = ["TritonServer", "triton_available"]
 
@@ -62,32 +62,25 @@ def triton_available() -> str | None:
 
 
 def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    return free_ports(count)
 
 
-def _stop_process_group(process: subprocess.Popen, grace: float) -> None:
+def _stop_process_group(process: subprocess.Popen, grace: float, timeout: float | None = None) -> None:
     # SIGINT (Triton's clean shutdown), then SIGTERM, then SIGKILL, by the server's own PID; then anything
     # left in its process group (its Python stubs), whose id is that same PID.  A Ctrl-C while waiting
     # (a learner interrupting the kernel) skips to SIGKILL, so the server never outlives the interruption.
+    # With a timeout, the waits are cut so that the whole stop returns within it.
     import psutil
 
-    from infergraph_lite.serving.processes import stop_processes
-
+    if timeout is not None:
+        grace = min(grace, 0.5 * timeout)
+    term, kill, stub_wait = (3.0, 5.0, 5.0) if timeout is None else (0.15 * timeout, 0.15 * timeout, 0.2 * timeout)
     try:  # the model stubs, remembered now: once the server is gone they are nobody's children
         stubs = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
     except psutil.Error:
         stubs = []
     interrupted: BaseException | None = None
-    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, term), (signal.SIGKILL, kill)):
         if process.poll() is not None:
             break
         try:
@@ -104,11 +97,15 @@ def _stop_process_group(process: subprocess.Popen, grace: float) -> None:
             break
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    stop_processes(stubs, timeout=5.0)  # wait until every stub is really gone (SIGKILL is not instant)
+    stop_processes(stubs, **within(stub_wait))  # wait until every stub is really gone (SIGKILL is not instant)
     if interrupted is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(5.0)  # reap it
+            process.wait(kill)  # reap it
         raise interrupted
+
+
+def _port_taken(log: str) -> bool:
+    return "already in use" in log or "Address in use" in log or "Failed to bind" in log
 
 
 class TritonServer:
@@ -135,11 +132,13 @@ class TritonServer:
 
     def __init__(self, repository: Repository | str | Path, *, timeout: float = 60.0,
                  model_control: Literal["none", "explicit"] = "none", ports: Sequence[int] | None = None,
-                 exit_timeout: int = 3, extra_args: Sequence[str] = ()):
+                 exit_timeout: int = 3, extra_args: Sequence[str] = (), port_attempts: int = 3):
         self.repository = Path(repository.path if isinstance(repository, Repository) else repository)
         self.timeout, self.model_control, self.exit_timeout = timeout, model_control, exit_timeout
         self.extra_args = list(extra_args)
         self._ports = list(ports) if ports else None
+        self.port_attempts = port_attempts
+        self.attempts = 0
         self.process: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._finalizer: weakref.finalize | None = None
@@ -182,41 +181,60 @@ class TritonServer:
         return env
 
     def start(self) -> TritonServer:
+        """Start the server and wait until it is ready; on failure nothing is left (no process, no folder).
+
+        Without ``ports`` given, the ports are picked free; another process may take one before the server
+        binds it (a race no pick can close), so a start that fails on a taken port is retried on newly picked
+        ports, ``port_attempts`` times in all.  ``attempts`` says how many starts this took.
+        """
         if self.process is not None:
             raise RuntimeError("this TritonServer is already running")
         read_repository(self.repository)  # a bad config fails here, before any process exists
         root = _pytriton_root()
+        tries = 1 if self._ports else self.port_attempts
+        for attempt in range(1, tries + 1):
+            self.attempts = attempt
+            try:
+                self._start_once(root)
+                return self
+            except TritonStartError:
+                if attempt == tries or not _port_taken(self.log):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, root: Path) -> None:
         self._workdir = Path(tempfile.mkdtemp(prefix="infergraph-triton-"))
-        backend = self._workdir / "backends" / "python"
-        backend.mkdir(parents=True)
-        for file in ("libtriton_python.so", "triton_python_backend_utils.py"):
-            shutil.copy(root / "backends" / "python" / file, backend)
-        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
-        if not stub.exists():
-            raise TritonUnavailableError(f"nvidia-pytriton has no Python backend stub for Python {version}")
-        shutil.copy(stub, backend)
-        self.http_port, self.grpc_port, self.metrics_port = self._ports or _free_ports(3)
-        command = [
-            str(root / "bin" / "tritonserver"), f"--model-repository={self.repository.resolve()}",
-            f"--backend-directory={backend.parent}",
-            "--http-address=127.0.0.1", f"--http-port={self.http_port}",
-            "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
-            "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}", "--allow-gpu-metrics=false",
-            f"--exit-timeout-secs={self.exit_timeout}", f"--model-control-mode={self.model_control}",
-            "--model-load-thread-count=8", "--disable-auto-complete-config",
-            *(["--load-model=*"] if self.model_control == "explicit" else []), *self.extra_args,
-        ]
-        with open(self._workdir / "server.log", "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=self.environment(root), start_new_session=True)
-        self._finalizer = weakref.finalize(self, _stop_process_group, self.process, float(self.exit_timeout + 2))
-        try:
+        try:  # from here on, any failure removes the folder (and the process, once there is one)
+            backend = self._workdir / "backends" / "python"
+            backend.mkdir(parents=True)
+            for file in ("libtriton_python.so", "triton_python_backend_utils.py"):
+                shutil.copy(root / "backends" / "python" / file, backend)
+            version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+            stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+            if not stub.exists():
+                raise TritonUnavailableError(f"nvidia-pytriton has no Python backend stub for Python {version}")
+            shutil.copy(stub, backend)
+            self.http_port, self.grpc_port, self.metrics_port = self._ports or _free_ports(3)
+            command = [
+                str(root / "bin" / "tritonserver"), f"--model-repository={self.repository.resolve()}",
+                f"--backend-directory={backend.parent}",
+                "--http-address=127.0.0.1", f"--http-port={self.http_port}",
+                "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
+                "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}", "--allow-gpu-metrics=false",
+                f"--exit-timeout-secs={self.exit_timeout}", f"--model-control-mode={self.model_control}",
+                "--model-load-thread-count=8", "--disable-auto-complete-config",
+                *(["--load-model=*"] if self.model_control == "explicit" else []), *self.extra_args,
+            ]
+            with open(self._workdir / "server.log", "wb") as log:
+                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=self.environment(root),
+                                                start_new_session=True)
+            self._finalizer = weakref.finalize(self, _stop_process_group, self.process,
+                                               float(self.exit_timeout + 2))
             self._wait_until_ready()
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _wait_until_ready(self) -> None:
         assert self.process is not None
@@ -235,7 +253,7 @@ class TritonServer:
 
     def _failure_reason(self, what: str) -> str:
         log = self.log
-        if "already in use" in log or "Address in use" in log or "Failed to bind" in log:
+        if _port_taken(log):
             cause = (f"a port is taken (http {self.http_port}, grpc {self.grpc_port}, metrics {self.metrics_port}); "
                      "another server is listening there")
         else:
@@ -247,11 +265,19 @@ class TritonServer:
             cause = "; ".join(dict.fromkeys(errors[:4])) or "see .log"
         return f"tritonserver {what}: {cause}"
 
-    def stop(self) -> None:
-        """Stop the server (SIGINT, SIGTERM, SIGKILL by its PID) and remove its working folder."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the server (SIGINT, SIGTERM, SIGKILL by its PID) and remove its working folder.
+
+        Returns within ``timeout`` seconds when one is given (the grace Triton gets for a clean exit is cut to
+        fit); without one, Triton gets ``exit_timeout + 2`` s to finish its requests before it is signalled.
+        Safe to call twice.
+        """
         if self._finalizer is not None:
-            self._finalizer()  # runs _stop_process_group once
-            self._finalizer = None
+            finalizer, self._finalizer = self._finalizer, None
+            detached = finalizer.detach()  # runs _stop_process_group once, here, with this timeout
+            if detached is not None:
+                _, function, args, _ = detached
+                function(*args, timeout=timeout)
         if self._workdir is not None:
             self._saved_log = self.log
             shutil.rmtree(self._workdir, ignore_errors=True)
@@ -289,3 +315,7 @@ class TritonServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+    def close(self, timeout: float | None = None) -> None:
+        """The same as :meth:`stop` (every server in the package has a ``close(timeout)``)."""
+        self.stop(timeout)
