@@ -450,13 +450,16 @@ class RayServeGraph:
         from ray._private.parameter import RayParams
 
         metrics_agent, agent_listen, runtime_env_agent, metrics_export = free_ports(4)
+        system_config: dict[str, Any] = {
+            "agent_register_timeout_ms": 120_000, "worker_register_timeout_seconds": 120,
+            # no idle workers started ahead: they carry no runtime env, so no replica can use them
+            "enable_worker_prestart": False, "prestart_worker_first_driver": False}
+        options: dict[str, Any] = {"include_log_monitor": False}  # typed str | None in Ray's hints, read as a flag
         params = RayParams(
             node_ip_address="127.0.0.1", num_cpus=self.num_cpus, include_dashboard=False, no_monitor=True,
-            include_log_monitor=False, metrics_agent_port=metrics_agent, dashboard_agent_listen_port=agent_listen,
+            metrics_agent_port=metrics_agent, dashboard_agent_listen_port=agent_listen,
             runtime_env_agent_port=runtime_env_agent, metrics_export_port=metrics_export,
-            _system_config={"agent_register_timeout_ms": 120_000, "worker_register_timeout_seconds": 120,
-                            # no idle workers started ahead: they carry no runtime env, so no replica can use them
-                            "enable_worker_prestart": False, "prestart_worker_first_driver": False})
+            _system_config=system_config, **options)
         # Ray 2.60 gives its agents all four ports but the raylet only three: the raylet has a
         # --dashboard_agent_listen_port flag that services.start_raylet never passes, so it would still wait
         # 15 s for that port's file.  Pass it, only to the raylet, only while this node starts.
