@@ -65,6 +65,34 @@ def test_bisection_brackets_the_edge_and_never_reports_the_top_of_the_range():
     assert low.meets is None and str(low) == "< 200 req/s"
 
 
+def test_growing_bracket_never_runs_far_above_a_rate_that_met_the_target():
+    visited: list[float] = []
+
+    def measure(rate: float) -> RateResult:
+        visited.append(rate)
+        return fake_result(rate, p99=rate / 1000)
+
+    cap = find_capacity(measure, 10, 10_000, p99_target=0.1, growth=2)
+    assert 10_000 not in visited and visited[:5] == [10, 20, 40, 80, 160]
+    passed = [r for r in visited if r <= 100]
+    assert all(r <= 2 * max(p for p in passed if p < r) for r in visited if r > 10)
+    assert cap.meets is not None and cap.meets <= 100 < (cap.fails or 0)
+    assert str(find_capacity(measure, 10, 70, p99_target=0.1, growth=2)) == ">= 70 req/s"  # capped at high
+    with pytest.raises(ValueError, match="growth"):
+        find_capacity(measure, 10, 70, p99_target=0.1, growth=1)
+
+
+def test_a_missed_repetition_ends_the_rate():
+    def slow(items):
+        time.sleep(0.01)
+        return items
+
+    with DynamicBatcher(slow, max_batch_size=1) as batcher:
+        result = measure_rate(batcher, 500, lambda i: i, duration=0.05, min_requests=20, warmup=0,
+                              p99_target=0.001)
+    assert len(result.reports) == 1 and not result.meets(0.001)
+
+
 def test_failed_or_refused_requests_miss_the_target_whatever_the_latency():
     assert fake_result(10, 0.001).meets(0.1)
     assert not fake_result(10, 0.001, failed=1).meets(0.1)

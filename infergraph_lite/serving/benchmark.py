@@ -164,13 +164,16 @@ def measure_rate(
     repetitions: int = 3,
     seed: int = 0,
     timeout: float = 60.0,
+    p99_target: float | None = None,
 ) -> RateResult:
     """Open-loop load at ``rate`` req/s: a ``warmup``-second run (discarded), then ``repetitions`` measured runs.
 
     Each measured run sends ``max(ceil(rate * duration), min_requests)`` requests on seeded Poisson
     arrivals (seed ``seed + k`` for run ``k``, so every engine gets the same schedule); the rate it
     really sent is measured from its submit times.  ``target`` is anything
-    :func:`~infergraph_lite.serving.loadtest.run_open_loop` drives.
+    :func:`~infergraph_lite.serving.loadtest.run_open_loop` drives.  With ``p99_target``, the runs stop
+    after the first that misses it (or fails a request): the rate has failed, and a longer overload
+    would only build a backlog that the next rate inherits.
 
     >>> from infergraph_lite.serving.batcher import DynamicBatcher
     >>> with DynamicBatcher(lambda xs: xs, max_batch_size=8) as b:
@@ -193,6 +196,9 @@ def measure_rate(
         reports.append(run_open_loop(stamped, poisson_arrivals(rate, n, seed + k), make_item, timeout=timeout))
         times = stamped.sent
         sent.append((len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0)
+        last = reports[-1]
+        if p99_target is not None and (last.failed or last.refused or last.percentile(99) > p99_target):
+            break
     return RateResult(float(rate), tuple(reports), tuple(sent))
 
 
@@ -229,6 +235,7 @@ def find_capacity(
     *,
     resolution: float = 0.15,
     max_steps: int = 8,
+    growth: float | None = None,
 ) -> Capacity:
     """Bisect for the highest rate whose :meth:`RateResult.meets` the target, between ``low`` and ``high``.
 
@@ -236,12 +243,18 @@ def find_capacity(
     it misses, the answer is "below ``low``".  Then ``high``: if it meets, "at least ``high``" (the top of
     the range is never reported as the capacity).  Otherwise the geometric midpoint of the bracket is
     measured until ``fails / meets <= 1 + resolution`` or ``max_steps`` midpoints have run.
+    With ``growth`` (> 1), the bracket is found from below instead: ``low``, ``low * growth``, ... up to
+    ``high``, stopping at the first miss, so no rate is ever more than ``growth`` times one that met the
+    target (an engine far below ``high`` is not flooded with a backlog it needs minutes to drain).
 
     >>> fake = lambda rate: RateResult(rate, (LoadReport(np.full(10, rate / 1000), 1.0),), (rate,))
     >>> str(find_capacity(fake, 10, 1000, p99_target=0.1))  # p99 = rate/1000 s, so 100 req/s is the edge
     '100 req/s (fails at 115)'
     >>> str(find_capacity(fake, 10, 50, p99_target=0.1))
     '>= 50 req/s'
+    >>> capacity = find_capacity(fake, 10, 1000, p99_target=0.1, growth=2)
+    >>> str(capacity), sorted(capacity.results)
+    ('95 req/s (fails at 104)', [10.0, 20.0, 40.0, 80.0, 95.0, 104.0, 113.0, 160.0])
     """
     low = check_number("low", low)
     high = check_number("high", high)
@@ -255,11 +268,22 @@ def find_capacity(
         results[rate] = measure(rate)
         return results[rate].meets(p99_target)
 
+    if growth is not None and check_number("growth", growth) <= 1:
+        raise ValueError(f"growth must be above 1, got {growth!r}")
     if not meets(low):
         return Capacity(p99_target, None, low, results)
-    if meets(high):
-        return Capacity(p99_target, high, None, results)
     good, bad = low, high
+    if growth is not None:
+        while good < high:
+            step = min(good * growth, high)
+            if not meets(step):
+                bad = step
+                break
+            good = step
+        else:
+            return Capacity(p99_target, high, None, results)
+    elif meets(high):
+        return Capacity(p99_target, high, None, results)
     for _ in range(check_count("max_steps", max_steps)):
         if bad / good <= 1 + resolution:
             break
