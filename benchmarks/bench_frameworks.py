@@ -1,16 +1,30 @@
-"""GraphServer, Triton and Ray Serve on the same graph, the same requests and the same loads, measured in one run.
+"""GraphServer (threads and processes), Triton and Ray Serve on the same graphs and loads, measured in one run.
 
-The graph is notebook 07's: notebook 01's text pipeline with the two classifiers made accelerator-like (each call
-first waits 12 ms + 0.2 ms per item, as a GPU launch would) and batching up to 16 requests without waiting.  Each
-engine takes the same open-loop sweep: seeded Poisson arrivals at 25, 50, 100, 200, 400 and 800 requests/s (about 0.8 s
-of arrivals each, at least 30 requests), the same request texts, stopping after the first rate whose p99 misses
-100 ms.  Reported as ratios to the in-process GraphServer: each engine's highest load served with p99 under the
-target, and its median latency at the highest load all three served.
+Two graphs, said plainly:
 
-Servers listen on 127.0.0.1 only and are stopped by their own PIDs (``TritonServer`` and ``RayServeGraph`` do it,
-also on failure); the script checks that no process it started is left, and that every listener was on loopback.
+- *text pipeline (sleep/numpy)*: notebook 07's graph, notebook 01's text pipeline with ``topic`` and ``sentiment``
+  accelerator-like (each call waits 12 ms + 0.2 ms per item, as a GPU launch would, batching up to 16 without
+  waiting).  Its stages sleep or call numpy, which release the interpreter lock, so one process serves it well.
+- *CPU-bound pure Python*: ``cpu_bound_stages()``, two stages of pure-Python arithmetic that hold the lock the
+  whole time, so threads of one process take turns and processes run at once (notebook 06 section 7).
 
-    python benchmarks/bench_frameworks.py      (or: make bench)
+The procedure is :mod:`infergraph_lite.serving.benchmark`'s: per rate a warm-up, then three repetitions of
+``DURATION`` seconds of seeded Poisson arrivals (at least ``MIN_REQUESTS``), the rate actually sent measured,
+a Student-t 95 % interval on the mean and the p99 range across repetitions; a rate meets the target when no
+request failed or was refused and the worst repetition's p99 is under 100 ms.  The highest rate meeting it is
+found by a bracket grown from 10 req/s (x2 up to the first miss, capped at 2560: "≥" if the cap still meets)
+and bisection down to 15 %.  At that rate one more run is measured with every process of the engine watched
+(CPU seconds per request, its share of the cores, the batch sizes its batchers formed), which is what says
+*why* an engine stops where it does.  Per-hop cost: the same chain of 1, 3 and 6 no-op stages on every engine,
+one request at a time (light load), latency fitted against chain length; the slope is the cost of one hop.
+For Triton the client's latency minus Triton's own clock (its statistics) isolates the gRPC hop.
+
+``--quick`` runs the same procedure shorter (1 s runs, 2 chain lengths), for a smoke test on a busy machine.
+
+Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that no process it
+started is left, and that every listener was on loopback.
+
+    python benchmarks/bench_frameworks.py [--quick]     (or: make bench)
 """
 
 from __future__ import annotations
@@ -18,133 +32,306 @@ from __future__ import annotations
 # Imported before anything imports Ray: it keeps every Ray listener on 127.0.0.1.
 from infergraph_lite.frameworks.ray_serve import RayServeGraph, is_loopback, listening_sockets  # isort: skip
 
+import contextlib
+import os
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
+from _graphs import CHAIN_FACTORIES, accelerator_stages
 from _timing import machine, table, verdict
 
 from infergraph_lite.frameworks.triton import TritonServer, to_model_repository, triton_available
+from infergraph_lite.lessons.examples import cpu_bound_stages
+from infergraph_lite.serving.benchmark import (
+    ROW_HEADER,
+    Capacity,
+    CpuMeter,
+    HopCost,
+    RateResult,
+    find_capacity,
+    in_worker_processes,
+    measure_rate,
+    noop_chain_stages,
+    per_hop_cost,
+)
 from infergraph_lite.serving.graph_server import GraphServer
-from infergraph_lite.serving.loadtest import LoadReport, run_closed_loop, run_open_loop
+from infergraph_lite.serving.loadtest import run_closed_loop
 
-RATES = [25, 50, 100, 200, 400, 800]  # requests per second, open loop
+QUICK = "--quick" in sys.argv[1:]
 P99_TARGET = 0.100  # seconds
+LOW, HIGH, GROWTH, RESOLUTION = 10, 2560, 2.0, 0.15  # req/s; the bracket grows x2 from LOW, capped at HIGH
+PROCEDURE = (dict(duration=1.0, min_requests=30, warmup=0.3, repetitions=3) if QUICK
+             else dict(duration=5.0, min_requests=50, warmup=1.0, repetitions=3))
+HOPS = (1, 4) if QUICK else (1, 3, 6)
+HOP_REQUESTS, HOP_WARMUP = (60, 10) if QUICK else (200, 20)
+ENGINES = ["GraphServer threads", "GraphServer processes", "Triton", "Ray Serve"]
+BASE = ENGINES[0]
 TEXTS = ["the match was great", "awful hotel, never again", "my new laptop is fast", "the pasta was cold"]
-REQUESTS = [{"text": f"{TEXTS[i % 4]} ({i})"} for i in range(800)]
 
 
-def accelerator_stages() -> dict:
-    """Notebook 07's graph: the text pipeline, topic and sentiment accelerator-like and batching (16, no wait).
-
-    Copied into Triton's model repository as source, so it imports what it needs in its body.
-    """
-    import dataclasses
-    import time
-    from typing import Any  # noqa: F401 - the copy in the repository has no `from __future__ import annotations`
-
-    from infergraph_lite.lessons.examples import text_pipeline_stages
-
-    def on_accelerator(batch_fn: Any, alpha: float = 0.012, beta: float = 0.0002) -> Any:
-        def call(batch: list[Any]) -> Any:
-            time.sleep(alpha + beta * len(batch))
-            return batch_fn(batch)
-        return call
-
-    stages = text_pipeline_stages()
-    for name in ("topic", "sentiment"):
-        stage, deps = stages[name]
-        stages[name] = (dataclasses.replace(stage, fn=on_accelerator(stage.fn), max_batch_size=16, max_wait=0.0),
-                        deps)
-    return stages
+@dataclass
+class Graph:
+    label: str
+    stages: dict
+    inputs: tuple[str, ...]
+    factory: Any
+    example: dict
+    make_item: Callable[[int], dict]
+    outputs: list[str] | None = None
+    process_factory: str | None = None  # 'module:function' rebuilding the graph in worker processes, if its fns
+    #                                     do not pickle (closures); None: its fns pickle as they are
 
 
-def arrivals_at(rate: int) -> np.ndarray:
-    gaps = np.random.default_rng(rate).exponential(1 / rate, max(30, int(0.8 * rate)))
-    return np.cumsum(gaps) - gaps[0]
+GRAPHS = [
+    Graph("text pipeline (sleep/numpy)", accelerator_stages(), ("text",), accelerator_stages, {"text": TEXTS[0]},
+          lambda i: {"text": f"{TEXTS[i % 4]} ({i})"}, ["format", "topic", "sentiment"], "_graphs:accelerator_stages"),
+    Graph("CPU-bound pure Python", cpu_bound_stages(), ("request",),
+          "infergraph_lite.lessons.examples:cpu_bound_stages", {"request": 1}, lambda i: {"request": i}),
+]
 
 
-def sweep(target: Any) -> dict[int, LoadReport]:
-    """The bounded open-loop sweep: stops after the first rate whose p99 misses the target (or that fails)."""
-    run_closed_loop(target, n_clients=4, n_requests=40, make_item=lambda i: REQUESTS[i], max_seconds=10)  # warm-up
-    reports = {}
-    for rate in RATES:
-        reports[rate] = report = run_open_loop(target, arrivals_at(rate), make_item=lambda i: REQUESTS[i], timeout=20)
-        if report.failed or report.percentile(99) > P99_TARGET:
-            break
-    return reports
+@dataclass
+class Served:
+    """A running engine: what load tests drive, the PIDs doing its work, its batchers' counts so far."""
+
+    target: Any
+    pids: Callable[[], list[int]]
+    batch_counts: Callable[[], dict[str, dict[int, int]]]
+    server_latency: Callable[[], tuple[int, float]] | None = None  # Triton: (requests, seconds) on its own clock
+    listeners: list[Any] = field(default_factory=list)
+    started_in: float = 0.0
 
 
-def left_running(pids: list[int]) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+@contextlib.contextmanager
+def serve(engine: str, graph: Graph, left: list[int]) -> Iterator[Served]:
+    """Start ``engine`` on ``graph``; on exit stop it and add any process still alive to ``left``."""
+    t = time.perf_counter()
+    pids: list[int] = []
+    if engine.startswith("GraphServer"):
+        workers = "processes" if engine.endswith("processes") else "threads"
+        stages = (in_worker_processes(graph.stages, graph.process_factory)
+                  if workers == "processes" and graph.process_factory else graph.stages)
+        with GraphServer(stages, inputs=graph.inputs, name="bench-frameworks", workers=workers) as server:
+            def own() -> list[int]:
+                return [os.getpid()] + [p for pool in server.stage_workers.values() for p in pool.pids]
+
+            def counts() -> dict[str, dict[int, int]]:
+                out: dict[str, dict[int, int]] = {}
+                for name, batcher in server.batchers.items():
+                    for b in batcher.batches:
+                        out.setdefault(name, {})[b.size] = out.setdefault(name, {}).get(b.size, 0) + 1
+                return out
+            pids = own()
+            yield Served(server, own, counts, started_in=time.perf_counter() - t)
+    elif engine == "Triton":
+        with tempfile.TemporaryDirectory(prefix="bench-frameworks-") as workdir:
+            repo = to_model_repository(graph.stages, Path(workdir) / "models", factory=graph.factory,
+                                       example=graph.example, outputs=graph.outputs)
+            with TritonServer(repo) as triton, triton.client() as client:
+                pids = [p.pid for p in triton.processes()]
+
+                def latency() -> tuple[int, float]:
+                    s = client.statistics()[repo.ensemble]
+                    return s.requests, s.request_time
+                yield Served(client, lambda: [os.getpid()] + [p.pid for p in triton.processes()],
+                             lambda: {n: dict(s.batch_sizes) for n, s in client.statistics().items()
+                                      if n != repo.ensemble},
+                             latency, listening_sockets(pids), time.perf_counter() - t)
+    else:
+        with RayServeGraph(graph.stages, inputs=graph.inputs) as served:
+            pids = served.started_pids()
+            yield Served(served, lambda: [os.getpid(), *served.started_pids()], served.batch_sizes,
+                         listeners=served.check_loopback(), started_in=time.perf_counter() - t)
+    left.extend(p for p in pids if p != os.getpid() and psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE)
+
+
+def mean_batches(before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]) -> dict[str, float]:
+    """Each stage's mean batch size over the batches run between two readings of the counts."""
+    out = {}
+    for name, sizes in after.items():
+        delta = {b: n - before.get(name, {}).get(b, 0) for b, n in sizes.items()}
+        batches = sum(delta.values())
+        if batches:
+            out[name] = sum(b * n for b, n in delta.items()) / batches
+    return out
+
+
+@dataclass
+class Run:
+    engine: str
+    graph: str
+    capacity: Capacity
+    at_edge: RateResult | None = None  # one more run at the capacity, every process watched
+    cpu_ms_engine: float = float("nan")  # CPU ms per answered request, the engine's processes (not this one)
+    cpu_ms_here: float = float("nan")  # ... this process (load generator, client; the server too for threads)
+    share_engine: float = float("nan")  # the engine's processes' share of all the machine's cores
+    share_here: float = float("nan")
+    machine_busy: float = float("nan")  # all cores, whoever used them
+    batches: dict[str, float] = field(default_factory=dict)
+    by_name: dict[str, float] = field(default_factory=dict)
+
+
+def measure_engine(engine: str, graph: Graph, served: Served, seed: int) -> Run:
+    def at(rate: float) -> RateResult:
+        return measure_rate(served.target, rate, graph.make_item, seed=seed, p99_target=P99_TARGET, timeout=60,
+                            **PROCEDURE)
+
+    capacity = find_capacity(at, LOW, HIGH, P99_TARGET, growth=GROWTH, resolution=RESOLUTION)
+    run = Run(engine, graph.label, capacity)
+    edge = capacity.meets or LOW
+    before = served.batch_counts()
+    pids = served.pids()
+    with CpuMeter(pids) as meter:
+        run.at_edge = measure_rate(served.target, edge, graph.make_item, seed=seed + 100, timeout=60,
+                                   **{**PROCEDURE, "repetitions": 1, "warmup": 0.0})
+    answered = len(run.at_edge.reports[0].latencies)
+    here, others = [os.getpid()], [p for p in pids if p != os.getpid()]
+    run.cpu_ms_here = 1e3 * sum(meter.seconds.get(p, 0.0) for p in here) / max(answered, 1)
+    run.cpu_ms_engine = 1e3 * sum(meter.seconds.get(p, 0.0) for p in others) / max(answered, 1)
+    run.share_here, run.share_engine = meter.share(here), meter.share(others)
+    run.machine_busy = meter.machine_busy
+    run.batches = mean_batches(before, served.batch_counts())
+    run.by_name = {k: v for k, v in meter.by_name().items()}
+    return run
+
+
+def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any]) -> tuple[np.ndarray, float]:
+    """One request at a time on a chain of ``hops`` no-op stages: latencies, and Triton's own mean (else nan)."""
+    chain = Graph(f"{hops} no-op hops", noop_chain_stages(hops), ("request",), CHAIN_FACTORIES[hops],
+                  {"request": "ping"}, lambda i: {"request": f"ping {i}"})
+    with serve(engine, chain, left) as served:
+        listeners.extend(served.listeners)
+        run_closed_loop(served.target, 1, HOP_WARMUP, chain.make_item, max_seconds=60)
+        before = served.server_latency() if served.server_latency else (0, 0.0)
+        report = run_closed_loop(served.target, 1, HOP_REQUESTS, chain.make_item, max_seconds=120)
+        inside = float("nan")
+        if served.server_latency:
+            after = served.server_latency()
+            inside = (after[1] - before[1]) / max(after[0] - before[0], 1)
+    return report.latencies, inside
 
 
 def main() -> None:
-    stages = accelerator_stages()
-    results: dict[str, dict[int, LoadReport]] = {}
-    started: dict[str, float] = {}
-
-    t = time.perf_counter()
-    with GraphServer(stages, inputs=["text"], name="bench-frameworks") as server:
-        started["GraphServer"] = time.perf_counter() - t
-        results["GraphServer"] = sweep(server)
-
     if triton_available() is not None:
         raise SystemExit(f"Triton cannot run here: {triton_available()}")
-    with tempfile.TemporaryDirectory(prefix="bench-frameworks-") as workdir:
-        repo = to_model_repository(stages, Path(workdir) / "models", factory=accelerator_stages,
-                                   example={"text": TEXTS[0]}, outputs=["format", "topic", "sentiment"])
-        t = time.perf_counter()
-        with TritonServer(repo) as triton, triton.client() as client:
-            started["Triton"] = time.perf_counter() - t
-            triton_pids = [p.pid for p in triton.processes()]
-            triton_listeners = listening_sockets(triton_pids)
-            results["Triton"] = sweep(client)
-    triton_left = left_running(triton_pids)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    left: list[int] = []
+    listeners: list[Any] = []
+    runs: list[Run] = []
+    starts: dict[tuple[str, str], float] = {}
+    for g, graph in enumerate(GRAPHS):
+        for engine in ENGINES:
+            with serve(engine, graph, left) as served:
+                starts[(engine, graph.label)] = served.started_in
+                listeners.extend(served.listeners)
+                runs.append(measure_engine(engine, graph, served, seed=1000 * g))
+            print(f"info: {graph.label}, {engine}: capacity {runs[-1].capacity} "
+                  f"({time.perf_counter() - started:.0f} s so far)", flush=True)
 
-    t = time.perf_counter()
-    with RayServeGraph(stages, inputs=("text",)) as served:
-        started["Ray Serve"] = time.perf_counter() - t
-        ray_pids = served.started_pids()
-        ray_listeners = served.check_loopback()
-        results["Ray Serve"] = sweep(served)
-    ray_left = left_running(ray_pids)
+    hop_costs: dict[str, HopCost] = {}
+    grpc_hop = float("nan")
+    for engine in ENGINES:
+        samples, inside = {}, {}
+        for hops in HOPS:
+            samples[hops], inside[hops] = hop_latencies(engine, hops, left, listeners)
+        hop_costs[engine] = per_hop_cost(samples)
+        if engine == "Triton":
+            grpc_hop = float(np.mean(samples[HOPS[0]])) - inside[HOPS[0]]  # client's latency - Triton's own clock
+        print(f"info: per-hop cost, {engine}: {hop_costs[engine]}", flush=True)
+    load_after = os.getloadavg()
+
+    for graph in GRAPHS:
+        rows = []
+        for run in (r for r in runs if r.graph == graph.label):
+            for rate in sorted(run.capacity.results):
+                rows.append([run.engine, *run.capacity.results[rate].row()])
+        table(f"{graph.label}: every rate the bracket and bisection measured (p99 target 100 ms; {machine()})",
+              ["engine", *ROW_HEADER], rows)
+
+    def cap(engine: str, graph: str) -> Run:
+        return next(r for r in runs if r.engine == engine and r.graph == graph)
 
     rows = []
-    for engine, reports in results.items():
-        for rate, r in reports.items():
-            rows.append([engine, rate, r.throughput, r.mean * 1e3, r.percentile(50) * 1e3, r.percentile(99) * 1e3,
-                         r.failed])
-    best = {e: max((rate for rate, r in reports.items() if not r.failed and r.percentile(99) <= P99_TARGET),
-                   default=0) for e, reports in results.items()}
-    table(f"The same graph, requests and open-loop loads on three engines ({machine()})",
-          ["engine", "offered req/s", "served req/s", "mean ms", "p50 ms", "p99 ms", "failed"], rows)
+    for run in runs:
+        base = cap(BASE, run.graph).capacity.meets
+        edge = run.at_edge
+        rows.append([run.graph.split(" (")[0], run.engine, str(run.capacity),
+                     (run.capacity.meets or 0) / base if base else float("nan"),
+                     float(np.mean(edge.sent)) / edge.rate if edge else float("nan"),
+                     run.cpu_ms_engine, run.cpu_ms_here, run.share_engine, run.share_here, run.machine_busy,
+                     ", ".join(f"{k} {v:.1f}" for k, v in run.batches.items())])
+    table("Highest load with p99 <= 100 ms, as ratios to GraphServer threads; at that load: sent/scheduled, CPU ms "
+          "per request (the engine's processes, this process), their shares of all cores, the machine's busy share, "
+          "mean batch sizes",
+          ["graph", "engine", "capacity", "x threads", "sent/sched", "CPU ms eng", "CPU ms here", "eng share",
+           "here share", "busy", "mean batch"], rows)
+    table(f"Per-hop cost: chains of {', '.join(map(str, HOPS))} no-op stages, one request at a time "
+          f"({HOP_REQUESTS} per chain), latency fitted against chain length",
+          ["engine", "ms per hop", "95% CI ms", "x threads", "base ms"],
+          [[e, 1e3 * h.per_hop, f"{1e3 * h.interval[0]:.3g}-{1e3 * h.interval[1]:.3g}",
+            h.per_hop / hop_costs[BASE].per_hop, 1e3 * h.base] for e, h in hop_costs.items()])
 
-    def served_within(engine: str) -> float:
-        return results[engine][best[engine]].throughput if best[engine] else 0.0
+    ray = cap("Ray Serve", GRAPHS[0].label)
+    cores = psutil.cpu_count() or 1
+    # The most requests per second the engine's measured CPU cost allows on the cores that were not busy
+    # with other work, and the engine's capacity as a share of it: near 1 means CPU is what stops it.
+    free_cores = cores * (1 - ray.machine_busy + ray.share_engine + ray.share_here)
+    ray_ceiling = free_cores / ((ray.cpu_ms_engine + ray.cpu_ms_here) / 1e3)
+    print(f"\ninfo: Ray Serve on the text pipeline at {ray.at_edge.rate if ray.at_edge else LOW:g} req/s: its "
+          f"processes used {100 * ray.share_engine:.0f} % of the {cores} cores and this process "
+          f"{100 * ray.share_here:.0f} %, with the machine {100 * ray.machine_busy:.0f} % busy in all; "
+          f"{ray.cpu_ms_engine + ray.cpu_ms_here:.1f} CPU ms per request (GraphServer threads: "
+          f"{cap(BASE, GRAPHS[0].label).cpu_ms_here:.1f}); CPU bound {ray_ceiling:.0f} req/s on the free cores; "
+          f"mean batch sizes {ray.batches}")
+    top = sorted(ray.by_name.items(), key=lambda kv: -kv[1])[:6]
+    print("info: Ray CPU seconds at that load by process: " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in top))
+    print(f"info: Triton's gRPC hop (client latency - Triton's own clock, 1 no-op hop): {1e3 * grpc_hop:.2f} ms")
 
-    light = RATES[0]  # every sweep starts here, so every engine has it
-    base = results["GraphServer"][light]
-    targets: list[list[Any]] = []
-    for engine in ("Triton", "Ray Serve"):
-        targets.append([f"{engine}: served req/s at its highest load with p99 <= 100 ms / GraphServer's",
-                        served_within(engine) / served_within("GraphServer") if best["GraphServer"] else float("nan"),
-                        "(recorded)", ""])
-        for q in (50, 99):
-            targets.append([f"{engine}: p{q} at {light} req/s / GraphServer's",
-                            results[engine][light].percentile(q) / base.percentile(q), "(recorded)", ""])
-    listeners = triton_listeners + ray_listeners
-    targets.append(["listeners not on 127.0.0.1 (Triton, Ray)", sum(not is_loopback(x.ip) for x in listeners), "0",
-                    verdict(sum(not is_loopback(x.ip) for x in listeners), 0, "lower")])
-    targets.append(["processes left after stopping (Triton, Ray)", len(triton_left) + len(ray_left), "0",
-                    verdict(len(triton_left) + len(ray_left), 0, "lower")])
+    text, cpu = GRAPHS[0].label, GRAPHS[1].label
+
+    def ratio(a: str, b: str, graph: str) -> float:
+        x, y = cap(a, graph).capacity.meets, cap(b, graph).capacity.meets
+        return (x or 0.0) / y if y else float("nan")
+
+    fewest = min(r.latencies.size + r.failed + r.refused for run in runs for res in run.capacity.results.values()
+                 for r in res.reports)
+    bracketed = [run for run in runs if run.capacity.fails is not None and run.capacity.meets is not None]
+    targets: list[list[Any]] = [
+        ["a measured run: seconds of arrivals, at least", PROCEDURE["duration"],
+         ">= 5 s", verdict(float(PROCEDURE["duration"]), 5.0, "higher") + (" (--quick)" if QUICK else "")],
+        ["repetitions per rate that met the target", PROCEDURE["repetitions"], "3",
+         verdict(PROCEDURE["repetitions"], 3, "higher")],
+        ["fewest requests in one measured run", fewest, "(recorded)", ""],
+        ["capacities bracketed to 15 % (the rest are '>=' or '<', said so)",
+         f"{len(bracketed)} of {len(runs)}", "(recorded)", ""],
+        ["worst sent/scheduled at a capacity", min(float(np.mean(r.at_edge.sent)) / r.at_edge.rate
+                                                    for r in runs if r.at_edge), ">= 0.9",
+         verdict(min(float(np.mean(r.at_edge.sent)) / r.at_edge.rate for r in runs if r.at_edge), 0.9, "higher")],
+        [f"{text}: GraphServer threads / Triton capacity", ratio(BASE, "Triton", text), ">= 1 (in-process wins)",
+         verdict(ratio(BASE, "Triton", text), 1.0, "higher")],
+        [f"{cpu}: processes / threads capacity", ratio("GraphServer processes", BASE, cpu),
+         ">= 1 (processes win)", verdict(ratio("GraphServer processes", BASE, cpu), 1.0, "higher")],
+        ["Ray Serve (text): capacity / its CPU-bound ceiling", (ray.capacity.meets or 0) / ray_ceiling,
+         ">= 0.5 (CPU explains it)", verdict((ray.capacity.meets or 0) / ray_ceiling, 0.5, "higher")],
+        ["Triton's gRPC hop, ms (light load)", 1e3 * grpc_hop, "> 0", verdict(-grpc_hop, 0.0, "lower")],
+        ["listeners not on 127.0.0.1 (Triton, Ray)", sum(not is_loopback(x.ip) for x in listeners), "0",
+         verdict(sum(not is_loopback(x.ip) for x in listeners), 0, "lower")],
+        ["processes left after stopping", len(left), "0", verdict(len(left), 0, "lower")],
+    ]
     table("Targets", ["measure", "value", "target", "verdict"], targets)
-    for engine, reports in results.items():
-        print(f"info: {engine}: started in {started[engine]:.1f} s; highest load within the p99 target "
-              f"{f'{best[engine]} req/s' if best[engine] else 'none'}; the sweep stopped at {max(reports)} req/s")
+    for (engine, graph), seconds in starts.items():
+        print(f"info: {graph}, {engine}: started in {seconds:.1f} s")
+    print(f"info: load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({cores} CPUs); "
+          f"whole run {time.perf_counter() - started:.0f} s{' (--quick)' if QUICK else ''}")
 
 
 if __name__ == "__main__":

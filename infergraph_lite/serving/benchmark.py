@@ -16,6 +16,8 @@ client, a Ray Serve graph), used by notebook 07's comparison and ``benchmarks/be
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,8 +32,9 @@ from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.serving.loadtest import LoadReport, run_open_loop
 
-__all__ = ["Capacity", "CpuMeter", "HopCost", "RateResult", "find_capacity", "mean_interval", "measure_rate",
-           "noop_batch", "noop_chain_stages", "per_hop_cost", "poisson_arrivals", "t_quantile"]
+__all__ = ["ROW_HEADER", "Capacity", "CpuMeter", "FactoryFn", "HopCost", "RateResult", "find_capacity",
+           "in_worker_processes", "mean_interval", "measure_rate", "noop_batch", "noop_chain_stages", "per_hop_cost",
+           "poisson_arrivals", "t_quantile"]
 
 # Student's t, two-sided 95 % (the 0.975 quantile), by degrees of freedom; beyond the table the next lower
 # entry is used, which widens the interval slightly rather than narrowing it.
@@ -142,14 +145,16 @@ class RateResult:
         return self.failed == 0 and self.refused == 0 and self.p99_range[1] <= p99_target
 
     def row(self) -> list[Any]:
-        """scheduled, sent, served req/s; mean and its interval, p99 low-high (ms); failed + refused; max lag ms."""
-        mean, lo, hi = self.mean
+        """scheduled, sent, served req/s; runs; mean ± its 95 % half-width, p99 low-high (ms); failed + refused;
+        max lag ms (:data:`ROW_HEADER` names them)."""
+        mean, _, hi = self.mean
         p_lo, p_hi = self.p99_range
-        return [self.rate, float(np.mean(self.sent)), self.served, 1e3 * mean, f"{1e3 * lo:.3g}-{1e3 * hi:.3g}",
-                f"{1e3 * p_lo:.3g}-{1e3 * p_hi:.3g}", self.failed + self.refused, 1e3 * self.max_lag]
+        return [self.rate, float(np.mean(self.sent)), self.served, len(self.reports),
+                f"{1e3 * mean:.3g} ± {1e3 * (hi - mean):.2g}", f"{1e3 * p_lo:.3g}-{1e3 * p_hi:.3g}",
+                self.failed + self.refused, 1e3 * self.max_lag]
 
 
-ROW_HEADER = ["scheduled req/s", "sent req/s", "served req/s", "mean ms", "mean 95% CI", "p99 range ms",
+ROW_HEADER = ["scheduled req/s", "sent req/s", "served req/s", "runs", "mean ms (95% CI)", "p99 range ms",
               "failed+refused", "max lag ms"]
 
 
@@ -349,6 +354,55 @@ def noop_chain_stages(hops: int, inputs: str = "request") -> dict[str, tuple[Sta
     """
     hops = check_count("hops", hops)
     return {f"hop{k}": (Stage(fn=noop_batch), [inputs if k == 1 else f"hop{k - 1}"]) for k in range(1, hops + 1)}
+
+
+_BUILT: dict[tuple[str, str], Callable[[list[Any]], Any]] = {}  # per process: each factory's graph, built once
+
+
+def _build(factory: str) -> Mapping[str, tuple[Any, Sequence[str]]]:
+    module, _, name = factory.partition(":")
+    if not module or not name:
+        raise ValueError(f"factory should be 'module:function', got {factory!r}")
+    return getattr(importlib.import_module(module), name)()
+
+
+@dataclass(frozen=True)
+class FactoryFn:
+    """Stage ``node``'s fn, rebuilt from ``factory`` (``"module:function"``) in whichever process calls it.
+
+    Pickles as two strings, so a graph whose functions are closures (the text pipeline's) can still run
+    in ``GraphServer(workers="processes")``: each worker builds the graph once, as Triton's stubs do.
+    """
+
+    factory: str
+    node: str
+
+    def __call__(self, batch: list[Any]) -> Any:
+        key = (self.factory, self.node)
+        if key not in _BUILT:
+            _BUILT[key] = _build(self.factory)[self.node][0].fn
+        return _BUILT[key](batch)
+
+
+def in_worker_processes(stages: Mapping[str, tuple[Stage, Sequence[str]]], factory: str
+                        ) -> dict[str, tuple[Stage, Sequence[str]]]:
+    """``stages`` with every fn replaced by a :class:`FactoryFn` of ``factory``, checked to build the same nodes.
+
+    >>> from infergraph_lite.lessons.examples import cpu_bound_stages
+    >>> spec = "infergraph_lite.lessons.examples:cpu_bound_stages"
+    >>> stages = in_worker_processes(cpu_bound_stages(), spec)
+    >>> stages["parse"][0].fn([1, 2]) == cpu_bound_stages()["parse"][0].fn([1, 2])
+    True
+    >>> in_worker_processes(noop_chain_stages(1), spec)
+    Traceback (most recent call last):
+    ...
+    ValueError: factory '...:cpu_bound_stages' builds nodes ['parse', 'score'], not ['hop1']
+    """
+    built = _build(factory)
+    if list(built) != list(stages):
+        raise ValueError(f"factory {factory!r} builds nodes {list(built)}, not {list(stages)}")
+    return {name: (dataclasses.replace(stage, fn=FactoryFn(factory, name)), deps)
+            for name, (stage, deps) in stages.items()}
 
 
 class CpuMeter:
