@@ -33,6 +33,7 @@ from __future__ import annotations
 from infergraph_lite.frameworks.ray_serve import RayServeGraph, is_loopback, listening_sockets  # isort: skip
 
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -52,7 +53,6 @@ from infergraph_lite.lessons.examples import cpu_bound_stages
 from infergraph_lite.serving.benchmark import (
     ROW_HEADER,
     Capacity,
-    CpuMeter,
     HopCost,
     RateResult,
     find_capacity,
@@ -63,6 +63,7 @@ from infergraph_lite.serving.benchmark import (
 )
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.loadtest import run_closed_loop
+from infergraph_lite.serving.watch import Watched, batch_counts, watch_rate
 
 QUICK = "--quick" in sys.argv[1:]
 P99_TARGET = 0.100  # seconds
@@ -122,14 +123,8 @@ def serve(engine: str, graph: Graph, left: list[int]) -> Iterator[Served]:
             def own() -> list[int]:
                 return [os.getpid()] + [p for pool in server.stage_workers.values() for p in pool.pids]
 
-            def counts() -> dict[str, dict[int, int]]:
-                out: dict[str, dict[int, int]] = {}
-                for name, batcher in server.batchers.items():
-                    for b in batcher.batches:
-                        out.setdefault(name, {})[b.size] = out.setdefault(name, {}).get(b.size, 0) + 1
-                return out
             pids = own()
-            yield Served(server, own, counts, started_in=time.perf_counter() - t)
+            yield Served(server, own, lambda: batch_counts(server), started_in=time.perf_counter() - t)
     elif engine == "Triton":
         with tempfile.TemporaryDirectory(prefix="bench-frameworks-") as workdir:
             repo = to_model_repository(graph.stages, Path(workdir) / "models", factory=graph.factory,
@@ -153,30 +148,12 @@ def serve(engine: str, graph: Graph, left: list[int]) -> Iterator[Served]:
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE)
 
 
-def mean_batches(before: dict[str, dict[int, int]], after: dict[str, dict[int, int]]) -> dict[str, float]:
-    """Each stage's mean batch size over the batches run between two readings of the counts."""
-    out = {}
-    for name, sizes in after.items():
-        delta = {b: n - before.get(name, {}).get(b, 0) for b, n in sizes.items()}
-        batches = sum(delta.values())
-        if batches:
-            out[name] = sum(b * n for b, n in delta.items()) / batches
-    return out
-
-
 @dataclass
 class Run:
     engine: str
     graph: str
     capacity: Capacity
-    at_edge: RateResult | None = None  # one more run at the capacity, every process watched
-    cpu_ms_engine: float = float("nan")  # CPU ms per answered request, the engine's processes (not this one)
-    cpu_ms_here: float = float("nan")  # ... this process (load generator, client; the server too for threads)
-    share_engine: float = float("nan")  # the engine's processes' share of all the machine's cores
-    share_here: float = float("nan")
-    machine_busy: float = float("nan")  # all cores, whoever used them
-    batches: dict[str, float] = field(default_factory=dict)
-    by_name: dict[str, float] = field(default_factory=dict)
+    edge: Watched  # one more run at the capacity (or at LOW), every process of the engine watched
 
 
 def measure_engine(engine: str, graph: Graph, served: Served, seed: int) -> Run:
@@ -185,22 +162,9 @@ def measure_engine(engine: str, graph: Graph, served: Served, seed: int) -> Run:
                             **PROCEDURE)
 
     capacity = find_capacity(at, LOW, HIGH, P99_TARGET, growth=GROWTH, resolution=RESOLUTION)
-    run = Run(engine, graph.label, capacity)
-    edge = capacity.meets or LOW
-    before = served.batch_counts()
-    pids = served.pids()
-    with CpuMeter(pids) as meter:
-        run.at_edge = measure_rate(served.target, edge, graph.make_item, seed=seed + 100, timeout=60,
-                                   **{**PROCEDURE, "repetitions": 1, "warmup": 0.0})
-    answered = len(run.at_edge.reports[0].latencies)
-    here, others = [os.getpid()], [p for p in pids if p != os.getpid()]
-    run.cpu_ms_here = 1e3 * sum(meter.seconds.get(p, 0.0) for p in here) / max(answered, 1)
-    run.cpu_ms_engine = 1e3 * sum(meter.seconds.get(p, 0.0) for p in others) / max(answered, 1)
-    run.share_here, run.share_engine = meter.share(here), meter.share(others)
-    run.machine_busy = meter.machine_busy
-    run.batches = mean_batches(before, served.batch_counts())
-    run.by_name = {k: v for k, v in meter.by_name().items()}
-    return run
+    edge = watch_rate(served.target, capacity.meets or LOW, graph.make_item, served.pids(),
+                      counts=served.batch_counts, seed=seed + 100, timeout=60, **PROCEDURE)
+    return Run(engine, graph.label, capacity, edge)
 
 
 def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any]) -> tuple[np.ndarray, float]:
@@ -263,12 +227,11 @@ def main() -> None:
     rows = []
     for run in runs:
         base = cap(BASE, run.graph).capacity.meets
-        edge = run.at_edge
+        w = run.edge
         rows.append([run.graph.split(" (")[0], run.engine, str(run.capacity),
-                     (run.capacity.meets or 0) / base if base else float("nan"),
-                     float(np.mean(edge.sent)) / edge.rate if edge else float("nan"),
-                     run.cpu_ms_engine, run.cpu_ms_here, run.share_engine, run.share_here, run.machine_busy,
-                     ", ".join(f"{k} {v:.1f}" for k, v in run.batches.items())])
+                     (run.capacity.meets or 0) / base if base else float("nan"), w.result.sent_ratio,
+                     w.cpu_ms_engine, w.cpu_ms_here, w.share_engine, w.share_here, w.machine_busy,
+                     ", ".join(f"{k} {v:.1f}" for k, v in w.batches.items())])
     table("Highest load with p99 <= 100 ms, as ratios to GraphServer threads; at that load: sent/scheduled, CPU ms "
           "per request (the engine's processes, this process), their shares of all cores, the machine's busy share, "
           "mean batch sizes",
@@ -282,17 +245,18 @@ def main() -> None:
 
     ray = cap("Ray Serve", GRAPHS[0].label)
     cores = psutil.cpu_count() or 1
-    # The most requests per second the engine's measured CPU cost allows on the cores that were not busy
-    # with other work, and the engine's capacity as a share of it: near 1 means CPU is what stops it.
-    free_cores = cores * (1 - ray.machine_busy + ray.share_engine + ray.share_here)
-    ray_ceiling = free_cores / ((ray.cpu_ms_engine + ray.cpu_ms_here) / 1e3)
-    print(f"\ninfo: Ray Serve on the text pipeline at {ray.at_edge.rate if ray.at_edge else LOW:g} req/s: its "
-          f"processes used {100 * ray.share_engine:.0f} % of the {cores} cores and this process "
-          f"{100 * ray.share_here:.0f} %, with the machine {100 * ray.machine_busy:.0f} % busy in all; "
-          f"{ray.cpu_ms_engine + ray.cpu_ms_here:.1f} CPU ms per request (GraphServer threads: "
-          f"{cap(BASE, GRAPHS[0].label).cpu_ms_here:.1f}); CPU bound {ray_ceiling:.0f} req/s on the free cores; "
-          f"mean batch sizes {ray.batches}")
-    top = sorted(ray.by_name.items(), key=lambda kv: -kv[1])[:6]
+    # The most requests per second Ray's measured CPU cost per request allows on the cores no other work was
+    # using, and its capacity as a share of that: near 1, CPU is what stops it.
+    ray_ceiling = ray.edge.free_cores_ceiling()
+    print(f"\ninfo: Ray Serve on the text pipeline at {ray.edge.result.rate:g} req/s: its processes used "
+          f"{100 * ray.edge.share_engine:.0f} % of the {cores} cores and this process "
+          f"{100 * ray.edge.share_here:.0f} %, "
+          f"the machine {100 * ray.edge.machine_busy:.0f} % busy in all; "
+          f"{ray.edge.cpu_ms_engine + ray.edge.cpu_ms_here:.1f} CPU ms per request (GraphServer threads: "
+          f"{cap(BASE, GRAPHS[0].label).edge.cpu_ms_here:.1f}); CPU ceiling {ray_ceiling:.0f} req/s on the "
+          "free cores; "
+          f"mean batch sizes {ray.edge.batches}")
+    top = sorted(ray.edge.by_name.items(), key=lambda kv: -kv[1])[:6]
     print("info: Ray CPU seconds at that load by process: " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in top))
     print(f"info: Triton's gRPC hop (client latency - Triton's own clock, 1 no-op hop): {1e3 * grpc_hop:.2f} ms")
 
@@ -313,15 +277,14 @@ def main() -> None:
         ["fewest requests in one measured run", fewest, "(recorded)", ""],
         ["capacities bracketed to 15 % (the rest are '>=' or '<', said so)",
          f"{len(bracketed)} of {len(runs)}", "(recorded)", ""],
-        ["worst sent/scheduled at a capacity", min(float(np.mean(r.at_edge.sent)) / r.at_edge.rate
-                                                    for r in runs if r.at_edge), ">= 0.9",
-         verdict(min(float(np.mean(r.at_edge.sent)) / r.at_edge.rate for r in runs if r.at_edge), 0.9, "higher")],
+        ["worst sent/scheduled, any measured run", min(res.sent_ratio for run in runs
+                                                        for res in run.capacity.results.values()), "(recorded)", ""],
         [f"{text}: GraphServer threads / Triton capacity", ratio(BASE, "Triton", text), ">= 1 (in-process wins)",
          verdict(ratio(BASE, "Triton", text), 1.0, "higher")],
         [f"{cpu}: processes / threads capacity", ratio("GraphServer processes", BASE, cpu),
          ">= 1 (processes win)", verdict(ratio("GraphServer processes", BASE, cpu), 1.0, "higher")],
-        ["Ray Serve (text): capacity / its CPU-bound ceiling", (ray.capacity.meets or 0) / ray_ceiling,
-         ">= 0.5 (CPU explains it)", verdict((ray.capacity.meets or 0) / ray_ceiling, 0.5, "higher")],
+        ["Ray Serve (text): capacity / its CPU-bound ceiling", (ray.capacity.meets or math.nan) / ray_ceiling,
+         ">= 0.5 (CPU explains it)", verdict((ray.capacity.meets or math.nan) / ray_ceiling, 0.5, "higher")],
         ["Triton's gRPC hop, ms (light load)", 1e3 * grpc_hop, "> 0", verdict(-grpc_hop, 0.0, "lower")],
         ["listeners not on 127.0.0.1 (Triton, Ray)", sum(not is_loopback(x.ip) for x in listeners), "0",
          verdict(sum(not is_loopback(x.ip) for x in listeners), 0, "lower")],

@@ -15,7 +15,6 @@ import pytest
 
 from infergraph_lite.serving.batcher import DynamicBatcher
 from infergraph_lite.serving.benchmark import (
-    CpuMeter,
     RateResult,
     find_capacity,
     mean_interval,
@@ -27,6 +26,7 @@ from infergraph_lite.serving.benchmark import (
 )
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.loadtest import LoadReport
+from infergraph_lite.serving.watch import CpuMeter, batch_counts, watch_rate
 
 
 def fake_result(rate: float, p99: float, failed: int = 0, refused: int = 0) -> RateResult:
@@ -124,7 +124,7 @@ def test_measure_rate_warms_up_then_runs_fixed_repetitions_on_a_sleeping_batcher
     mean, lo, hi = result.mean
     assert lo <= mean <= hi and result.p99_range[0] <= result.p99_range[1]
     assert result.failed == result.refused == 0 and result.max_lag >= 0
-    assert len(result.row()) == 8
+    assert len(result.row()) == 9 and len(result.scheduled) == 3 and result.sent_ratio > 0
     # the schedule is seeded: the same seed gives every engine the same arrivals
     assert np.array_equal(poisson_arrivals(100, 25, 0), poisson_arrivals(100, 25, 0))
 
@@ -162,3 +162,15 @@ def test_cpu_meter_counts_this_process():
         sum(i * i for i in range(300_000))
     assert meter.seconds[os.getpid()] > 0 and list(meter.seconds) == [os.getpid()]
     assert 0 < meter.share() <= 1 and 0 <= meter.machine_busy <= 1
+
+
+def test_watch_rate_reads_batches_and_cpu_of_the_processes_it_is_given():
+    with GraphServer(noop_chain_stages(2)) as server:
+        watched = watch_rate(server, 200, lambda i: {"request": i}, [os.getpid()],
+                             counts=lambda: batch_counts(server), duration=0.1, min_requests=40)
+        total = sum(sum(n * b for b, n in sizes.items()) for sizes in batch_counts(server).values())
+    assert len(watched.result.reports) == 1 and len(watched.result.reports[0].latencies) == 40
+    assert total == 2 * 40 and set(watched.batches) == {"hop1", "hop2"}
+    assert all(1 <= b <= 40 for b in watched.batches.values())
+    assert watched.cpu_ms_engine == 0.0 and watched.share_engine == 0.0  # this process is "here", not the engine
+    assert watched.free_cores_ceiling() > 0

@@ -11,7 +11,9 @@ client, a Ray Serve graph), used by notebook 07's comparison and ``benchmarks/be
   and one that does not; when the highest rate tried still meets it the answer says "≥", never a number.
 - :func:`per_hop_cost`: latency against chain length, fitted; the slope (with its interval) is what one
   more hop adds.
-- :class:`CpuMeter`: CPU seconds of given processes over a block, and their share of the machine's cores.
+
+Where an engine's time goes while it is measured (CPU per process, batch sizes) is
+:mod:`~infergraph_lite.serving.watch`'s.
 """
 
 from __future__ import annotations
@@ -20,21 +22,20 @@ import dataclasses
 import importlib
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import psutil
 
 from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.serving.loadtest import LoadReport, run_open_loop
 
-__all__ = ["ROW_HEADER", "Capacity", "CpuMeter", "FactoryFn", "HopCost", "RateResult", "find_capacity",
-           "in_worker_processes", "mean_interval", "measure_rate", "noop_batch", "noop_chain_stages", "per_hop_cost",
-           "poisson_arrivals", "t_quantile"]
+__all__ = ["ROW_HEADER", "Capacity", "FactoryFn", "HopCost", "RateResult", "find_capacity", "in_worker_processes",
+           "mean_interval", "measure_rate", "noop_batch", "noop_chain_stages", "per_hop_cost", "poisson_arrivals",
+           "t_quantile"]
 
 # Student's t, two-sided 95 % (the 0.975 quantile), by degrees of freedom; beyond the table the next lower
 # entry is used, which widens the interval slightly rather than narrowing it.
@@ -103,6 +104,13 @@ class RateResult:
     rate: float
     reports: tuple[LoadReport, ...]
     sent: tuple[float, ...]  # req/s each run really submitted: (n - 1) / (last submit - first submit)
+    scheduled: tuple[float, ...] = ()  # req/s each run's Poisson schedule held: (n - 1) / last arrival
+
+    @property
+    def sent_ratio(self) -> float:
+        """Sent / scheduled, worst run: below 1 the generator fell behind its own schedule (a busy machine)."""
+        pairs = [s / c for s, c in zip(self.sent, self.scheduled) if c > 0]
+        return min(pairs) if pairs else math.nan
 
     @property
     def means(self) -> np.ndarray:
@@ -145,16 +153,17 @@ class RateResult:
         return self.failed == 0 and self.refused == 0 and self.p99_range[1] <= p99_target
 
     def row(self) -> list[Any]:
-        """scheduled, sent, served req/s; runs; mean ± its 95 % half-width, p99 low-high (ms); failed + refused;
-        max lag ms (:data:`ROW_HEADER` names them)."""
+        """One table row: nominal, scheduled, sent, served req/s; runs; mean ± its 95 % half-width and the p99
+        range (ms); failed + refused; max lag ms (:data:`ROW_HEADER` names them)."""
         mean, _, hi = self.mean
         p_lo, p_hi = self.p99_range
-        return [self.rate, float(np.mean(self.sent)), self.served, len(self.reports),
+        return [self.rate, float(np.mean(self.scheduled)) if self.scheduled else math.nan, float(np.mean(self.sent)),
+                self.served, len(self.reports),
                 f"{1e3 * mean:.3g} ± {1e3 * (hi - mean):.2g}", f"{1e3 * p_lo:.3g}-{1e3 * p_hi:.3g}",
                 self.failed + self.refused, 1e3 * self.max_lag]
 
 
-ROW_HEADER = ["scheduled req/s", "sent req/s", "served req/s", "runs", "mean ms (95% CI)", "p99 range ms",
+ROW_HEADER = ["rate req/s", "scheduled req/s", "sent req/s", "served req/s", "runs", "mean ms (95% CI)", "p99 range ms",
               "failed+refused", "max lag ms"]
 
 
@@ -195,16 +204,18 @@ def measure_rate(
         run_open_loop(target, poisson_arrivals(rate, max(2, math.ceil(rate * warmup)), seed + 10_000),
                       make_item, timeout=timeout)
     n = max(math.ceil(rate * duration), min_requests)
-    reports, sent = [], []
+    reports, sent, scheduled = [], [], []
     for k in range(repetitions):
         stamped = _Stamped(target)
-        reports.append(run_open_loop(stamped, poisson_arrivals(rate, n, seed + k), make_item, timeout=timeout))
+        arrivals = poisson_arrivals(rate, n, seed + k)
+        scheduled.append((n - 1) / arrivals[-1] if n > 1 and arrivals[-1] > 0 else 0.0)
+        reports.append(run_open_loop(stamped, arrivals, make_item, timeout=timeout))
         times = stamped.sent
         sent.append((len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0)
         last = reports[-1]
         if p99_target is not None and (last.failed or last.refused or last.percentile(99) > p99_target):
             break
-    return RateResult(float(rate), tuple(reports), tuple(sent))
+    return RateResult(float(rate), tuple(reports), tuple(sent), tuple(scheduled))
 
 
 @dataclass(frozen=True)
@@ -403,68 +414,3 @@ def in_worker_processes(stages: Mapping[str, tuple[Stage, Sequence[str]]], facto
         raise ValueError(f"factory {factory!r} builds nodes {list(built)}, not {list(stages)}")
     return {name: (dataclasses.replace(stage, fn=FactoryFn(factory, name)), deps)
             for name, (stage, deps) in stages.items()}
-
-
-class CpuMeter:
-    """CPU seconds (user + system) each of ``pids`` used inside a ``with`` block, and the whole machine's.
-
-    Processes that end inside the block are left out (their last reading is lost with them).
-
-    >>> import os
-    >>> with CpuMeter([os.getpid()]) as meter:
-    ...     _ = sum(i * i for i in range(200_000))
-    >>> meter.seconds[os.getpid()] > 0, 0 <= meter.share() <= 1
-    (True, True)
-    """
-
-    def __init__(self, pids: Iterable[int]):
-        self.pids = list(pids)
-        self.names: dict[int, str] = {}
-        self.seconds: dict[int, float] = {}
-        self.elapsed = 0.0
-        self.machine_busy = 0.0  # fraction of all cores busy over the block, whoever used them
-        self._start: dict[int, float] = {}
-
-    @staticmethod
-    def _cpu(process: psutil.Process) -> float:
-        t = process.cpu_times()
-        return t.user + t.system
-
-    def __enter__(self) -> CpuMeter:
-        self._processes = {}
-        for pid in self.pids:
-            try:
-                p = psutil.Process(pid)
-                self._start[pid] = self._cpu(p)
-                self.names[pid] = " ".join(p.cmdline()[:1]) or p.name()
-                self._processes[pid] = p
-            except psutil.Error:
-                continue
-        self._machine = psutil.cpu_times()
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.elapsed = time.perf_counter() - self._t0
-        for pid, p in self._processes.items():
-            try:
-                self.seconds[pid] = self._cpu(p) - self._start[pid]
-            except psutil.Error:
-                continue
-        after = psutil.cpu_times()
-        total = sum(after) - sum(self._machine)
-        idle = sum(getattr(after, k, 0.0) - getattr(self._machine, k, 0.0) for k in ("idle", "iowait"))
-        self.machine_busy = 1 - idle / total if total > 0 else 0.0
-
-    def share(self, pids: Iterable[int] | None = None) -> float:
-        """CPU seconds of ``pids`` (default all measured) / (elapsed seconds x the machine's cores)."""
-        chosen = self.seconds if pids is None else {p: self.seconds[p] for p in pids if p in self.seconds}
-        cores = psutil.cpu_count() or 1
-        return sum(chosen.values()) / (self.elapsed * cores) if self.elapsed > 0 else 0.0
-
-    def by_name(self) -> dict[str, float]:
-        """CPU seconds summed over processes of the same name (e.g. every ``ray::ServeReplica:...``)."""
-        out: dict[str, float] = {}
-        for pid, s in self.seconds.items():
-            out[self.names.get(pid, str(pid))] = out.get(self.names.get(pid, str(pid)), 0.0) + s
-        return out
