@@ -31,25 +31,39 @@ def accelerator_stages() -> dict:
     return stages
 
 
-# One zero-argument factory per chain length, for Triton's stubs (copied into the repository as source).
+# One zero-argument factory per chain length, for Triton's stubs: each is copied into the repository as source,
+# so it builds its chain from core alone (the stub then needs nothing newer than core.stage), the same nodes and
+# wiring as serving.benchmark.noop_chain_stages (checked in main).
 def noop_chain_1() -> dict:
-    from infergraph_lite.serving.benchmark import noop_chain_stages
-    return noop_chain_stages(1)
+    from infergraph_lite.core.stage import Stage
+
+    def noop(items: list) -> list:
+        return list(items)
+    return {f"hop{k}": (Stage(fn=noop), ["request" if k == 1 else f"hop{k - 1}"]) for k in range(1, 2)}
 
 
 def noop_chain_3() -> dict:
-    from infergraph_lite.serving.benchmark import noop_chain_stages
-    return noop_chain_stages(3)
+    from infergraph_lite.core.stage import Stage
+
+    def noop(items: list) -> list:
+        return list(items)
+    return {f"hop{k}": (Stage(fn=noop), ["request" if k == 1 else f"hop{k - 1}"]) for k in range(1, 4)}
 
 
 def noop_chain_4() -> dict:
-    from infergraph_lite.serving.benchmark import noop_chain_stages
-    return noop_chain_stages(4)
+    from infergraph_lite.core.stage import Stage
+
+    def noop(items: list) -> list:
+        return list(items)
+    return {f"hop{k}": (Stage(fn=noop), ["request" if k == 1 else f"hop{k - 1}"]) for k in range(1, 5)}
 
 
 def noop_chain_6() -> dict:
-    from infergraph_lite.serving.benchmark import noop_chain_stages
-    return noop_chain_stages(6)
+    from infergraph_lite.core.stage import Stage
+
+    def noop(items: list) -> list:
+        return list(items)
+    return {f"hop{k}": (Stage(fn=noop), ["request" if k == 1 else f"hop{k - 1}"]) for k in range(1, 7)}
 
 
 CHAIN_FACTORIES: dict[int, Any] = {1: noop_chain_1, 3: noop_chain_3, 4: noop_chain_4, 6: noop_chain_6}

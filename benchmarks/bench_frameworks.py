@@ -186,6 +186,9 @@ def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any])
 def main() -> None:
     if triton_available() is not None:
         raise SystemExit(f"Triton cannot run here: {triton_available()}")
+    for hops, factory in CHAIN_FACTORIES.items():  # Triton's chains are the chains every other engine serves
+        built, reference = factory(), noop_chain_stages(hops)
+        assert {n: d for n, (_, d) in built.items()} == {n: d for n, (_, d) in reference.items()}, hops
     load_before = os.getloadavg()
     started = time.perf_counter()
     left: list[int] = []
