@@ -190,6 +190,11 @@ def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any])
     return report.latencies, inside
 
 
+def judged(value: float, target: float, better: str) -> str:
+    """verdict(), or 'unconfirmed' when the value could not be measured (an engine that did not start, a nan)."""
+    return "unconfirmed" if not math.isfinite(value) else verdict(value, target, better)
+
+
 def main() -> None:
     if triton_available() is not None:
         raise SystemExit(f"Triton cannot run here: {triton_available()}")
@@ -200,28 +205,38 @@ def main() -> None:
     started = time.perf_counter()
     left: list[int] = []
     listeners: list[Any] = []
-    runs: list[Run] = []
+    runs: dict[tuple[str, str], Run] = {}
+    failures: dict[str, str] = {}  # what could not be measured, and why (a server that did not start on a busy box)
     starts: dict[tuple[str, str], float] = {}
     cores_free: list[float] = []  # what two busy processes get, probed around the CPU-bound graph's runs
     for g, graph in enumerate(GRAPHS):
         if graph is GRAPHS[1]:
             cores_free.append(cores_available(2))
         for engine in ENGINES:
-            with serve(engine, graph, left) as served:
-                starts[(engine, graph.label)] = served.started_in
-                listeners.extend(served.listeners)
-                runs.append(measure_engine(engine, graph, served, seed=1000 * g))
-            print(f"info: {graph.label}, {engine}: capacity {runs[-1].capacity} "
-                  f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+            try:
+                with serve(engine, graph, left) as served:
+                    starts[(engine, graph.label)] = served.started_in
+                    listeners.extend(served.listeners)
+                    runs[engine, graph.label] = measure_engine(engine, graph, served, seed=1000 * g)
+                print(f"info: {graph.label}, {engine}: capacity {runs[engine, graph.label].capacity} "
+                      f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+            except Exception as error:  # noqa: BLE001 - reported, and its verdicts marked unconfirmed
+                failures[f"{graph.label}, {engine}"] = f"{type(error).__name__}: {str(error)[:160]}"
+                print(f"info: {graph.label}, {engine}: NOT MEASURED: {failures[f'{graph.label}, {engine}']}")
         if graph is GRAPHS[1]:
             cores_free.append(cores_available(2))
 
     hop_costs: dict[str, HopCost] = {}
-    grpc_hop = float("nan")
+    grpc_hop = math.nan
     for engine in ENGINES:
         samples, inside = {}, {}
-        for hops in HOPS:
-            samples[hops], inside[hops] = hop_latencies(engine, hops, left, listeners)
+        try:
+            for hops in HOPS:
+                samples[hops], inside[hops] = hop_latencies(engine, hops, left, listeners)
+        except Exception as error:  # noqa: BLE001 - as above
+            failures[f"no-op chains, {engine}"] = f"{type(error).__name__}: {str(error)[:160]}"
+            print(f"info: no-op chains, {engine}: NOT MEASURED: {failures[f'no-op chains, {engine}']}")
+            continue
         hop_costs[engine] = per_hop_cost(samples)
         if engine == "Triton":
             grpc_hop = float(np.mean(samples[HOPS[0]])) - inside[HOPS[0]]  # client's latency - Triton's own clock
@@ -229,22 +244,24 @@ def main() -> None:
     load_after = os.getloadavg()
 
     for graph in GRAPHS:
-        rows = []
-        for run in (r for r in runs if r.graph == graph.label):
-            for rate in sorted(run.capacity.results):
-                rows.append([run.engine, *run.capacity.results[rate].row()])
+        rows = [[run.engine, *run.capacity.results[rate].row()] for run in runs.values() if run.graph == graph.label
+                for rate in sorted(run.capacity.results)]
         table(f"{graph.label}: every rate the bracket and bisection measured (p99 target 100 ms; {machine()})",
               ["engine", *ROW_HEADER], rows)
 
-    def cap(engine: str, graph: str) -> Run:
-        return next(r for r in runs if r.engine == engine and r.graph == graph)
+    def meets(engine: str, graph: str) -> float:
+        """The highest rate that met the target; 0 if even LOW missed; nan if the engine was not measured."""
+        run = runs.get((engine, graph))
+        return math.nan if run is None else (run.capacity.meets or 0.0)
+
+    def ratio(a: str, b: str, graph: str) -> float:
+        x, y = meets(a, graph), meets(b, graph)
+        return x / y if y else math.nan
 
     rows = []
-    for run in runs:
-        base = cap(BASE, run.graph).capacity.meets
+    for (engine, graph), run in runs.items():
         w = run.edge
-        rows.append([run.graph.split(" (")[0], run.engine, str(run.capacity),
-                     (run.capacity.meets or 0) / base if base else float("nan"), w.result.sent_ratio,
+        rows.append([graph.split(" (")[0], engine, str(run.capacity), ratio(engine, BASE, graph), w.result.sent_ratio,
                      w.cpu_ms_engine, w.cpu_ms_here, w.share_engine, w.share_here, w.machine_busy,
                      ", ".join(f"{k} {v:.1f}" for k, v in w.batches.items())])
     table("Highest load with p99 <= 100 ms, as ratios to GraphServer threads; at that load: sent/scheduled, CPU ms "
@@ -252,40 +269,38 @@ def main() -> None:
           "mean batch sizes",
           ["graph", "engine", "capacity", "x threads", "sent/sched", "CPU ms eng", "CPU ms here", "eng share",
            "here share", "busy", "mean batch"], rows)
+    base_hop = hop_costs[BASE].per_hop if BASE in hop_costs else math.nan
     table(f"Per-hop cost: chains of {', '.join(map(str, HOPS))} no-op stages, one request at a time "
           f"({HOP_REQUESTS} per chain), latency fitted against chain length",
           ["engine", "ms per hop", "95% CI ms", "x threads", "base ms"],
           [[e, 1e3 * h.per_hop, f"{1e3 * h.interval[0]:.3g}-{1e3 * h.interval[1]:.3g}",
-            h.per_hop / hop_costs[BASE].per_hop, 1e3 * h.base] for e, h in hop_costs.items()])
-
-    ray = cap("Ray Serve", GRAPHS[0].label)
-    cores = psutil.cpu_count() or 1
-    # The most requests per second Ray's measured CPU cost per request allows on the cores no other work was
-    # using, and its capacity as a share of that: near 1, CPU is what stops it.
-    ray_ceiling = ray.edge.free_cores_ceiling()
-    print(f"\ninfo: Ray Serve on the text pipeline at {ray.edge.result.rate:g} req/s: its processes used "
-          f"{100 * ray.edge.share_engine:.0f} % of the {cores} cores and this process "
-          f"{100 * ray.edge.share_here:.0f} %, "
-          f"the machine {100 * ray.edge.machine_busy:.0f} % busy in all; "
-          f"{ray.edge.cpu_ms_engine + ray.edge.cpu_ms_here:.1f} CPU ms per request (GraphServer threads: "
-          f"{cap(BASE, GRAPHS[0].label).edge.cpu_ms_here:.1f}); CPU ceiling {ray_ceiling:.0f} req/s on the "
-          "free cores; "
-          f"mean batch sizes {ray.edge.batches}")
-    top = sorted(ray.edge.by_name.items(), key=lambda kv: -kv[1])[:6]
-    print("info: Ray CPU seconds at that load by process: " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in top))
-    print(f"info: Triton's gRPC hop (client latency - Triton's own clock, 1 no-op hop): {1e3 * grpc_hop:.2f} ms")
+            h.per_hop / base_hop, 1e3 * h.base] for e, h in hop_costs.items()])
 
     text, cpu = GRAPHS[0].label, GRAPHS[1].label
+    cores = psutil.cpu_count() or 1
+    ray, threads = runs.get(("Ray Serve", text)), runs.get((BASE, text))
+    ray_vs_ceiling = math.nan
+    if ray is not None:
+        # The most requests per second Ray's measured CPU cost per request allows on the cores no other work was
+        # using, and its capacity as a share of that: near 1, CPU is what stops it.
+        ray_ceiling = ray.edge.free_cores_ceiling()
+        ray_vs_ceiling = (ray.capacity.meets or math.nan) / ray_ceiling
+        print(f"\ninfo: Ray Serve on the text pipeline at {ray.edge.result.rate:g} req/s: its processes used "
+              f"{100 * ray.edge.share_engine:.0f} % of the {cores} cores and this process "
+              f"{100 * ray.edge.share_here:.0f} %, the machine {100 * ray.edge.machine_busy:.0f} % busy in all; "
+              f"{ray.edge.cpu_ms_engine + ray.edge.cpu_ms_here:.1f} CPU ms per request (GraphServer threads: "
+              f"{threads.edge.cpu_ms_here if threads else math.nan:.1f}); CPU ceiling {ray_ceiling:.0f} req/s on the "
+              f"free cores; mean batch sizes {ray.edge.batches}")
+        top = sorted(ray.edge.by_name.items(), key=lambda kv: -kv[1])[:6]
+        print("info: Ray CPU seconds at that load by process: " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in top))
+    print(f"info: Triton's gRPC hop (client latency - Triton's own clock, 1 no-op hop): {1e3 * grpc_hop:.2f} ms")
 
-    def ratio(a: str, b: str, graph: str) -> float:
-        x, y = cap(a, graph).capacity.meets, cap(b, graph).capacity.meets
-        return (x or 0.0) / y if y else float("nan")
-
-    fewest = min(r.latencies.size + r.failed + r.refused for run in runs for res in run.capacity.results.values()
-                 for r in res.reports)
-    free = float(np.mean(cores_free))
+    measured = [res for run in runs.values() for res in run.capacity.results.values()]
+    fewest = min((r.latencies.size + r.failed + r.refused for res in measured for r in res.reports), default=0)
+    free = float(np.mean(cores_free)) if cores_free else math.nan
     predicted = min(free, 2) / min(free, 1)  # threads compute on one core at most, two workers on up to two
-    bracketed = [run for run in runs if run.capacity.fails is not None and run.capacity.meets is not None]
+    bracketed = [run for run in runs.values() if run.capacity.fails is not None and run.capacity.meets is not None]
+    worst_sent = min((res.sent_ratio for res in measured), default=math.nan)
     targets: list[list[Any]] = [
         ["a measured run: seconds of arrivals, at least", PROCEDURE["duration"],
          ">= 5 s", verdict(float(PROCEDURE["duration"]), 5.0, "higher") + (" (--quick)" if QUICK else "")],
@@ -294,21 +309,23 @@ def main() -> None:
         ["fewest requests in one measured run", fewest, "(recorded)", ""],
         ["capacities bracketed to 15 % (the rest are '>=' or '<', said so)",
          f"{len(bracketed)} of {len(runs)}", "(recorded)", ""],
-        ["worst sent/scheduled, any measured run", min(res.sent_ratio for run in runs
-                                                        for res in run.capacity.results.values()), "(recorded)", ""],
+        ["worst sent/scheduled, any measured run", worst_sent, "(recorded)", ""],
         [f"{text}: GraphServer threads / Triton capacity", ratio(BASE, "Triton", text), ">= 1 (in-process wins)",
-         verdict(ratio(BASE, "Triton", text), 1.0, "higher")],
+         judged(ratio(BASE, "Triton", text), 1.0, "higher")],
         [f"{cpu}: processes / threads capacity", ratio("GraphServer processes", BASE, cpu),
          f">= {0.7 * predicted:.2f} (0.7 x the {free:.2f} free cores' {predicted:.2f})",
-         verdict(ratio("GraphServer processes", BASE, cpu), 0.7 * predicted, "higher")],
-        ["Ray Serve (text): capacity / its CPU-bound ceiling", (ray.capacity.meets or math.nan) / ray_ceiling,
-         ">= 0.5 (CPU explains it)", verdict((ray.capacity.meets or math.nan) / ray_ceiling, 0.5, "higher")],
-        ["Triton's gRPC hop, ms (light load)", 1e3 * grpc_hop, "> 0", verdict(-grpc_hop, 0.0, "lower")],
+         judged(ratio("GraphServer processes", BASE, cpu), 0.7 * predicted, "higher")],
+        ["Ray Serve (text): capacity / its CPU ceiling on the free cores", ray_vs_ceiling, ">= 0.5 (CPU explains it)",
+         judged(ray_vs_ceiling, 0.5, "higher")],
+        ["Triton's gRPC hop, ms (light load)", 1e3 * grpc_hop, "> 0", judged(-grpc_hop, 0.0, "lower")],
         ["listeners not on 127.0.0.1 (Triton, Ray)", sum(not is_loopback(x.ip) for x in listeners), "0",
          verdict(sum(not is_loopback(x.ip) for x in listeners), 0, "lower")],
         ["processes left after stopping", len(left), "0", verdict(len(left), 0, "lower")],
+        ["engine x graph runs not measured", len(failures), "0", verdict(len(failures), 0, "lower")],
     ]
     table("Targets", ["measure", "value", "target", "verdict"], targets)
+    for what, why in failures.items():
+        print(f"info: not measured: {what}: {why}")
     for (engine, graph), seconds in starts.items():
         print(f"info: {graph}, {engine}: started in {seconds:.1f} s")
     print(f"info: load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({cores} CPUs); "
