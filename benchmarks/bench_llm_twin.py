@@ -16,7 +16,8 @@ machine)", not met.  The mean TPOT ratio is printed beside them (no target): it 
 step still held during the run.  Where the twin
 misses, the "missing" columns say by how much per request: measured - simulated mean e2e and mean TTFT, in ms:
 time spent outside the engine's step loop (HTTP, tokenizing, slot set-up, streaming to a Python client), which
-a profile fitted to step gaps and lone prefills cannot see.
+a profile fitted to step gaps and lone prefills cannot see.  The TTFT miss is split by whether the request found
+the real server empty (its lone prefill is what the profile measured) or another request inside it.
 
 Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that none is left.
 
@@ -107,10 +108,16 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
             "tpot": float(np.mean([c.tpot for c in done]))}
     twin = {"e2e": sim.mean("e2e"), "ttft": sim.mean("ttft"), "tok_s": tokens / float(sim.finish.max() - sent[0]),
             "tpot": sim.mean("tpot")}
+    # Split the TTFT the twin misses by whether the request found the real server empty or another one inside:
+    # a miss only in the second group is time lost handing the engine from one request to the next.
+    missing = np.array([c.ttft for c in done]) - sim.ttft
+    queued = np.array([any(d.sent_at < c.sent_at < d.done_at for d in done[:i]) for i, c in enumerate(done)])
+    split = {name: (float(np.mean(missing[mask])) if mask.any() else float("nan"), int(mask.sum()))
+             for name, mask in (("idle", ~queued), ("queued", queued))}
     # A server at 0.3 of capacity idles most of the run, so its CPU over the wall time is mostly its utilisation;
     # over the time it held a request it says whether it had the core to itself, as when it was profiled.
     return {"real": real, "twin": twin, "share": cpu / wall, "busy_share": cpu / busy_seconds(done),
-            "sent_rate": (n - 1) / sent[-1], "lag": report.max_lag, "load": os.getloadavg()[0]}
+            "split": split, "sent_rate": (n - 1) / sent[-1], "lag": report.max_lag, "load": os.getloadavg()[0]}
 
 
 def verdict(ratio: float, share: float) -> str:
@@ -155,14 +162,16 @@ def main() -> None:
     left = set(process_tree()) - own_before
 
     header = ["slots", "load", "core", "core busy", "e2e real s", "e2e sim s", "e2e ratio", "TTFT real s", "TTFT sim s",
-              "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms"]
+              "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms",
+              "… found idle ms (n)", "… found busy ms (n)"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
         ratio = {k: real[k] / twin[k] for k in real}
         rows.append([slots, f, got["share"], got["busy_share"], real["e2e"], twin["e2e"], ratio["e2e"], real["ttft"],
                      twin["ttft"], ratio["ttft"], real["tok_s"], twin["tok_s"], ratio["tok_s"], ratio["tpot"],
-                     1e3 * (real["e2e"] - twin["e2e"]), 1e3 * (real["ttft"] - twin["ttft"])])
+                     1e3 * (real["e2e"] - twin["e2e"]), 1e3 * (real["ttft"] - twin["ttft"]),
+                     *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued"))])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
             verdicts.append([f"{slots} slot(s), load {f}: {name} real / sim", ratio[key], f"within {TARGET:.0%}",
                              verdict(ratio[key], got["busy_share"])])
