@@ -29,11 +29,7 @@ NOTEBOOKS = sorted(p for d in ("notebooks", "exercises", "solutions") for p in (
 
 # Notebooks whose prose has not been swept yet (issue 15): their violations are known.  strict=True makes the test
 # fail as soon as one of them passes, so the mark is removed when its sweep is done.
-NOT_SWEPT = {f"{folder}/{name}" for folder in ("notebooks", "solutions", "exercises")
-             for name in ("06_serving_the_graph.ipynb", "07_real_frameworks.ipynb")}
-NOT_SWEPT -= {"solutions/07_real_frameworks.ipynb", "exercises/07_real_frameworks.ipynb",
-              "solutions/06_serving_the_graph.ipynb", "exercises/06_serving_the_graph.ipynb"}
-# notebooks/07's sweep is in its sources; the numbers its prose now states are printed once it is re-executed.
+NOT_SWEPT: set[str] = set()  # every notebook, solution and exercise is swept
 
 # Text removed from a markdown cell before its numbers are read, each with the reason it states no measurement.
 EXEMPT_PATTERNS: list[tuple[str, str]] = [
