@@ -35,10 +35,11 @@ import psutil
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
+from infergraph_lite.core.arguments import check_non_negative_int
 from infergraph_lite.core.execute import NodeError
 from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError, batch_item, prepare_stages
-from infergraph_lite.serving.processes import owned_processes, stop_processes, within
+from infergraph_lite.serving.processes import living, owned_processes, stop_processes, within
 
 __all__ = ["ENGINE", "DaskGraphCluster", "from_stage", "run_dask", "stage_item", "to_dask_graph"]
 
@@ -215,15 +216,14 @@ class DaskGraphCluster:
         self.plan = _prepare(nodes, inputs)
         self.n_workers, self.threads_per_worker, self.processes = n_workers, threads_per_worker, processes
         self.max_requests = max_requests
-        if allowed_failures is not None and (isinstance(allowed_failures, bool) or not isinstance(allowed_failures, int)
-                                             or allowed_failures < 0):
-            raise ValueError(f"allowed_failures must be an int >= 0 (or None for Dask's setting), "
-                             f"got {allowed_failures!r}")
-        self.allowed_failures = allowed_failures
+        # None keeps Dask's own setting
+        self.allowed_failures = (None if allowed_failures is None
+                                 else check_non_negative_int("allowed_failures", allowed_failures))
         self.cluster: Any = None
         self.client: Any = None
         self.timings: dict[str, float] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._in_flight: set[concurrent.futures.Future] = set()  # requests submitted and not yet answered
         self._counter = itertools.count()
         self._owned: dict[int, None] = {}  # every worker process (and descendant) this cluster has had
 
@@ -265,15 +265,7 @@ class DaskGraphCluster:
         """
         for pid in owned_processes(self._worker_pids()):
             self._owned.setdefault(pid)
-        alive = []
-        for pid in self._owned:
-            try:
-                process = psutil.Process(pid)
-                if process.status() != psutil.STATUS_ZOMBIE and not _is_resource_tracker(process):
-                    alive.append(pid)
-            except psutil.Error:
-                continue
-        return alive
+        return [pid for pid in living(self._owned) if not _is_resource_tracker(pid)]
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Run one request's graph on the cluster and return every node's value.
@@ -304,7 +296,10 @@ class DaskGraphCluster:
         self.plan.check_inputs(inputs)
         if self._pool is None:
             raise RuntimeError("not started: use `with DaskGraphCluster(...) as cluster:` or call .start()")
-        return self._pool.submit(self.run, inputs)
+        future = self._pool.submit(self.run, inputs)
+        self._in_flight.add(future)
+        future.add_done_callback(self._in_flight.discard)
+        return future
 
     def close(self, timeout: float = 30.0) -> list[int]:
         """Close the client and the cluster and stop this cluster's processes by PID; returns within ``timeout`` s.
@@ -333,9 +328,8 @@ class DaskGraphCluster:
         closer = threading.Thread(target=shut_down, name="dask-graph-close", daemon=True)
         closer.start()
         closer.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
-        if pool is not None:
-            for thread in list(getattr(pool, "_threads", ())):
-                thread.join(timeout=max(0.7 * (deadline - time.monotonic()), 0.0))
+        if pool is not None:  # the requests' threads end with their requests, which the closed client ended
+            concurrent.futures.wait(list(self._in_flight), timeout=max(0.7 * (deadline - time.monotonic()), 0.0))
         return stop_processes(pids, **within(deadline - time.monotonic()))
 
     def __enter__(self) -> DaskGraphCluster:
@@ -345,8 +339,8 @@ class DaskGraphCluster:
         self.close()
 
 
-def _is_resource_tracker(process: psutil.Process) -> bool:
+def _is_resource_tracker(pid: int) -> bool:
     try:
-        return "multiprocessing.resource_tracker" in " ".join(process.cmdline())
+        return "multiprocessing.resource_tracker" in " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False

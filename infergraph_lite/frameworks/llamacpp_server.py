@@ -37,6 +37,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import psutil
+
 from infergraph_lite.core.arguments import check_count
 from infergraph_lite.frameworks.llamacpp_model import ModelInfo, trained_context_length
 from infergraph_lite.serving.processes import process_tree, stop_processes
@@ -125,12 +127,18 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def _stop(proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None) -> None:
     # Runs from close(), the finaliser and atexit: close the child's stdin (it stops on EOF), SIGTERM it by
-    # its own PID, then stop_processes escalates to SIGKILL for it and anything it started.
+    # its own PID, then stop_processes escalates to SIGKILL for it and anything it started.  ``log``: a log
+    # file this server made for itself, removed once the process is gone.
     if proc.poll() is not None:
+        if log is not None:
+            log.unlink(missing_ok=True)
         return
-    pids = [*process_tree(proc.pid), proc.pid]
+    try:
+        pids = [*process_tree(proc.pid), proc.pid]
+    except psutil.Error:  # it exited between poll() and here
+        pids = [proc.pid]
     try:
         if proc.stdin is not None:
             with contextlib.suppress(OSError):
@@ -146,6 +154,8 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
             proc.wait(timeout=3.0)
         if proc.stdout is not None:
             proc.stdout.close()
+        if log is not None:
+            log.unlink(missing_ok=True)
 
 
 class LlamaCppServer:
@@ -243,7 +253,8 @@ class LlamaCppServer:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "infergraph_lite.frameworks.llamacpp_serve", json.dumps(config)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=self._child_env())
-        self._finalizer = weakref.finalize(self, _stop, self._proc, 5.0)   # also runs at interpreter exit
+        # also runs at interpreter exit; the log this server made is removed with it (errors carry its text)
+        self._finalizer = weakref.finalize(self, _stop, self._proc, 5.0, self.log_path if self._own_log else None)
         try:
             line = self._read_line(started + self.ready_timeout)
             if not line.startswith("READY "):
@@ -313,8 +324,8 @@ class LlamaCppServer:
             self._finalizer.detach()
         if self._proc is not None:
             _stop(self._proc, timeout)
-        if self._own_log and self.log_path is not None and self.url:
-            self.log_path.unlink(missing_ok=True)    # keep the log of a server that failed to start, for the error
+        if self._own_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)    # a start-up error already carries the log's text
 
     def __enter__(self) -> LlamaCppServer:
         return self

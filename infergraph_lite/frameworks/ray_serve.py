@@ -61,7 +61,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
-import psutil  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
@@ -69,7 +68,7 @@ from ray.serve.exceptions import BackPressureError  # noqa: E402
 
 from infergraph_lite.core.autoscaling import AutoscalingConfig  # noqa: E402
 from infergraph_lite.core.execute import NodeError  # noqa: E402
-from infergraph_lite.core.graph import MissingInputError, Plan  # noqa: E402
+from infergraph_lite.core.graph import Plan  # noqa: E402
 from infergraph_lite.core.stage import Stage, batch_item, prepare_stages  # noqa: E402
 from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
     ENGINE,
@@ -84,6 +83,7 @@ from infergraph_lite.serving.processes import (  # noqa: E402
     free_ports,
     is_loopback,
     listening_sockets,
+    living,
     owned_processes,
     process_tree,
     stop_processes,
@@ -496,8 +496,7 @@ class RayServeGraph:
         """
         for pid in owned_processes(self._roots):
             self._owned.setdefault(pid)
-        return [pid for pid in self._owned if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        return living(self._owned)
 
     def listeners(self) -> list[Listener]:
         """Every listening socket of this process and of every process Ray started."""
@@ -570,9 +569,7 @@ class RayServeGraph:
 
     def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
         """Send one request; the future gives every node's value, or a NodeError naming the node that failed."""
-        missing = sorted(self.plan.inputs - inputs.keys())
-        if missing:
-            raise MissingInputError(missing)
+        self.plan.check_inputs(inputs)  # a missing input, or one named like a node, as every engine refuses it
         if self._handle is None or self._loop is None:
             raise RuntimeError("not started: use `with RayServeGraph(...) as served:` or call .start()")
         response = self._handle.remote(dict(inputs))

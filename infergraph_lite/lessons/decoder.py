@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from infergraph_lite.core.arguments import check_count, check_non_negative_int
+
 __all__ = ["MODEL_SHAPES", "KVCache", "TinyDecoder", "kv_bytes_per_token", "kv_cache_bytes"]
 
 # Published shapes (layers, KV heads, head size) of a few open models; fp16 values are 2 bytes.
@@ -30,9 +32,7 @@ MODEL_SHAPES: dict[str, dict[str, int]] = {
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
+    return check_count(name, value)
 
 
 def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, bytes_per_value: int = 2) -> int:
@@ -60,10 +60,9 @@ def kv_cache_bytes(tokens: int, *, layers: int, kv_heads: int, head_dim: int, by
     >>> kv_cache_bytes(4096, **MODEL_SHAPES["Llama-2-7B"]) / 2**30   # one full 4k context
     2.0
     """
-    if isinstance(tokens, bool) or not isinstance(tokens, (int, np.integer)) or tokens < 0:
-        raise ValueError(f"tokens must be an integer >= 0, got {tokens!r}")
-    return int(tokens) * kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
-                                            bytes_per_value=bytes_per_value)
+    per_token = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                                   bytes_per_value=bytes_per_value)
+    return check_non_negative_int("tokens", tokens) * per_token
 
 
 @dataclass

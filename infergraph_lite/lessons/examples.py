@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from infergraph_lite.core.arguments import check_non_negative_int
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.lessons.models import HashingEmbedder, SoftmaxRegression, load_texts, tokenize, train_text_models
 
@@ -282,8 +283,7 @@ def cpu_bound_stages(
     if unknown:
         raise ValueError(f"options name stages that this graph does not have: {unknown}; its stages are {list(rounds)}")
     for name, count in rounds.items():
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ValueError(f"rounds[{name!r}] must be a non-negative int, got {count!r}")
+        check_non_negative_int(f"rounds[{name!r}]", count)
     stages, previous = {}, inputs
     for name, count in rounds.items():
         stages[name] = (Stage(fn=partial(python_work, rounds=count), **options.get(name, {})), [previous])

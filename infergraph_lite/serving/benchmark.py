@@ -30,28 +30,13 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.metrics import t_quantile
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.serving.loadtest import LoadReport, run_open_loop
 
 __all__ = ["ROW_HEADER", "Capacity", "FactoryFn", "HopCost", "RateResult", "find_capacity", "in_worker_processes",
            "mean_interval", "measure_rate", "noop_batch", "noop_chain_stages", "per_hop_cost", "poisson_arrivals",
            "t_quantile"]
-
-# Student's t, two-sided 95 % (the 0.975 quantile), by degrees of freedom; beyond the table the next lower
-# entry is used, which widens the interval slightly rather than narrowing it.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 120: 1.980, 1_000_000: 1.960}
-
-
-def t_quantile(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (a 95 % two-sided interval).
-
-    >>> t_quantile(2), t_quantile(25), t_quantile(10**7)
-    (4.303, 2.086, 1.96)
-    """
-    df = check_count("df", df)
-    return _T975[max(k for k in _T975 if k <= df)]
-
 
 def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its Student-t 95 % interval; a single value has an infinite interval.
@@ -66,7 +51,7 @@ def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float, f
     mean = float(x.mean())
     if x.size == 1:
         return mean, -math.inf, math.inf
-    half = t_quantile(x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    half = t_quantile(0.95, x.size - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
     return mean, mean - half, mean + half
 
 
@@ -348,7 +333,7 @@ def per_hop_cost(latencies: Mapping[int, Sequence[float] | np.ndarray]) -> HopCo
     slope, base = np.polyfit(x, y, 1)
     residual = y - (base + slope * x)
     se = math.sqrt(float(residual @ residual) / (x.size - 2) / float(((x - x.mean()) ** 2).sum()))
-    half = t_quantile(x.size - 2) * se
+    half = t_quantile(0.95, x.size - 2) * se
     return HopCost(float(slope), float(base), (float(slope - half), float(slope + half)), int(x.size))
 
 

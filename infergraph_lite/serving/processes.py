@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import psutil
 
-__all__ = ["Listener", "free_ports", "is_loopback", "listening_sockets", "owned_processes", "process_tree",
+__all__ = ["Listener", "free_ports", "is_loopback", "listening_sockets", "living", "owned_processes", "process_tree",
            "stop_processes", "within"]
 
 
@@ -79,6 +79,24 @@ def listening_sockets(pids: Iterable[int]) -> list[Listener]:
             if c.status == psutil.CONN_LISTEN:
                 found.append(Listener(pid, name, c.laddr.ip, c.laddr.port))
     return sorted(found, key=lambda x: (x.pid, x.port))
+
+
+def living(pids: Iterable[int]) -> list[int]:
+    """The ``pids`` that are still running (not gone, not zombies), in order; a process that exits while it is
+    being looked at is simply left out.
+
+    >>> import os
+    >>> living([os.getpid(), 2**22 + 12345]) == [os.getpid()]
+    True
+    """
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            continue
+    return alive
 
 
 def owned_processes(roots: Iterable[int]) -> list[int]:
@@ -173,5 +191,3 @@ def within(budget: float) -> dict[str, float]:
     wait = min(3.0, budget / 4)
     return {"timeout": budget - 2 * wait, "signal_wait": wait}
 
-
-# --- loopback for Serve replicas --------------------------------------------------------------------------
