@@ -6,6 +6,7 @@ procedure (how many requests, how many runs, what is reported, which rates bisec
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -17,6 +18,7 @@ from infergraph_lite.serving.batcher import DynamicBatcher
 from infergraph_lite.serving.benchmark import (
     RateResult,
     find_capacity,
+    frozen_heap,
     mean_interval,
     measure_rate,
     noop_chain_stages,
@@ -175,3 +177,17 @@ def test_watch_rate_reads_batches_and_cpu_of_the_processes_it_is_given():
     assert all(1 <= b <= 40 for b in watched.batches.values())
     assert watched.cpu_ms_engine == 0.0 and watched.share_engine == 0.0  # this process is "here", not the engine
     assert watched.free_cores_ceiling() > 0
+
+
+def test_the_heap_is_frozen_only_inside_the_measured_block_unless_the_caller_froze_it():
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0  # what existed before the block is out of the collector's reach
+    assert gc.get_freeze_count() == 0, "the block leaves the collector as it found it"
+    gc.freeze()
+    try:
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() > 0, "a caller's own freeze is not undone"
+    finally:
+        gc.unfreeze()

@@ -599,3 +599,36 @@ def test_a_dask_cluster_beside_triton_stops_only_its_own_processes(text_server, 
     assert cluster.close(timeout=30) == []
     assert all(psutil.pid_exists(pid) for pid in triton_family), "closing Dask stopped a Triton process"
     assert text_client.infer(TEXT)["format"], "Triton still answers"
+
+
+SCRIPT_SIDE_FACTORY = '''
+def script_side_stages():
+    from infergraph_lite.core.stage import Stage
+
+    def shout(items):
+        return [str(x).upper() for x in items]
+    return {"pre": (Stage(fn=shout), ["text"])}
+'''
+
+
+def test_a_factory_beside_the_running_script_is_copied_as_source(tmp_path, monkeypatch):
+    # `python benchmarks/bench_x.py` imports its sibling modules from benchmarks/, a folder Triton's stubs
+    # (started in the working directory) never see: such a factory must travel as source, not as a name.
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "_side_graphs.py").write_text(SCRIPT_SIDE_FACTORY)
+    monkeypatch.syspath_prepend(str(scripts))
+    monkeypatch.setattr(sys, "argv", [str(scripts / "bench_side.py")])
+    monkeypatch.delitem(sys.modules, "_side_graphs", raising=False)
+    import _side_graphs
+
+    repo = tmp_path / "models"
+    to_model_repository(_side_graphs.script_side_stages(), repo, factory=_side_graphs.script_side_stages,
+                        example={"text": "hi"})
+    model_py = (repo / "pre" / "1" / "model.py").read_text()
+    assert "FACTORY = 'file:_factory_script_side_stages.py:script_side_stages'" in model_py
+    assert "def script_side_stages" in (repo / "_factory_script_side_stages.py").read_text()
+    monkeypatch.chdir(scripts)  # run from the script's own folder, the stub would find it: a name is enough
+    to_model_repository(_side_graphs.script_side_stages(), tmp_path / "again", factory=_side_graphs.script_side_stages,
+                        example={"text": "hi"})
+    assert "FACTORY = '_side_graphs:script_side_stages'" in (tmp_path / "again" / "pre" / "1" / "model.py").read_text()

@@ -6,7 +6,10 @@ client, a Ray Serve graph), used by notebook 07's comparison and ``benchmarks/be
 - :func:`measure_rate`: at one open-loop rate, a warm-up, then ``repetitions`` runs of a fixed length
   (``duration`` seconds of arrivals, at least ``min_requests``), each with its own seeded Poisson
   arrivals; the rate each run *actually sent* is measured, not assumed.  :class:`RateResult` gives a
-  Student-t 95 % interval on the mean latency and the range of p99 across repetitions.
+  Student-t 95 % interval on the mean latency and the range of p99 across repetitions.  The measured runs
+  happen with the load generator's heap frozen (:func:`frozen_heap`): the client libraries of Ray and
+  Triton hold ~240,000 objects, and one full collection of them stops this process for ~100 ms, which
+  would put the *generator's* pause in every engine's p99.
 - :func:`find_capacity`: the highest rate meeting a p99 target, by bisection between a rate that meets it
   and one that does not; when the highest rate tried still meets it the answer says "≥", never a number.
 - :func:`per_hop_cost`: latency against chain length, fitted; the slope (with its interval) is what one
@@ -18,11 +21,13 @@ Where an engine's time goes while it is measured (CPU per process, batch sizes) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import importlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +39,10 @@ from infergraph_lite.core.metrics import t_quantile
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.serving.loadtest import LoadReport, run_open_loop
 
-__all__ = ["ROW_HEADER", "Capacity", "FactoryFn", "HopCost", "RateResult", "find_capacity", "in_worker_processes",
-           "mean_interval", "measure_rate", "noop_batch", "noop_chain_stages", "per_hop_cost", "poisson_arrivals",
-           "t_quantile"]
+__all__ = ["ROW_HEADER", "Capacity", "FactoryFn", "HopCost", "RateResult", "find_capacity", "frozen_heap",
+           "in_worker_processes", "mean_interval", "measure_rate", "noop_batch", "noop_chain_stages", "per_hop_cost",
+           "poisson_arrivals", "t_quantile"]
+
 
 def mean_interval(values: Sequence[float] | np.ndarray) -> tuple[float, float, float]:
     """(mean, low, high): the mean and its Student-t 95 % interval; a single value has an infinite interval.
@@ -152,6 +158,30 @@ ROW_HEADER = ["rate req/s", "scheduled req/s", "sent req/s", "served req/s", "ru
               "failed+refused", "max lag ms"]
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collect once, then move every object this process holds out of the collector's reach for the block.
+
+    Python's collector walks every tracked object in a full collection; with Ray's and Triton's client
+    libraries imported that is ~240,000 objects and ~100 ms during which no thread of this process runs
+    (notebook 05 measures the same pause in a batcher).  ``gc.freeze`` is how long-running Python servers
+    avoid it (objects created before serving are never collected); objects made inside the block are
+    collected as usual.  A heap already frozen by the caller stays frozen.
+
+    >>> with frozen_heap():
+    ...     gc.get_freeze_count() > 0
+    True
+    """
+    already = gc.get_freeze_count() > 0
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not already:
+            gc.unfreeze()
+
+
 def measure_rate(
     target: Any,
     rate: float,
@@ -169,7 +199,8 @@ def measure_rate(
 
     Each measured run sends ``max(ceil(rate * duration), min_requests)`` requests on seeded Poisson
     arrivals (seed ``seed + k`` for run ``k``, so every engine gets the same schedule); the rate it
-    really sent is measured from its submit times.  ``target`` is anything
+    really sent is measured from its submit times; each measured run holds the heap frozen
+    (:func:`frozen_heap`).  ``target`` is anything
     :func:`~infergraph_lite.serving.loadtest.run_open_loop` drives.  With ``p99_target``, the runs stop
     after the first that misses it (or fails a request): the rate has failed, and a longer overload
     would only build a backlog that the next rate inherits.
@@ -194,7 +225,8 @@ def measure_rate(
         stamped = _Stamped(target)
         arrivals = poisson_arrivals(rate, n, seed + k)
         scheduled.append((n - 1) / arrivals[-1] if n > 1 and arrivals[-1] > 0 else 0.0)
-        reports.append(run_open_loop(stamped, arrivals, make_item, timeout=timeout))
+        with frozen_heap():  # the generator's own collections stay out of the engine's latencies
+            reports.append(run_open_loop(stamped, arrivals, make_item, timeout=timeout))
         times = stamped.sent
         sent.append((len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0)
         last = reports[-1]

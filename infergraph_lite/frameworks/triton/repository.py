@@ -9,6 +9,7 @@ and every ensemble's wiring against the models the repository holds.
 from __future__ import annotations
 
 import inspect
+import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -71,9 +72,23 @@ def example_stages() -> dict[str, tuple[Stage, list[str]]]:
     return {"shout": (Stage(fn=lambda texts: [t.upper() for t in texts], max_batch_size=4), ["text"])}
 
 
+def _beside_script(module: str) -> bool:
+    # A top-level module found only because it sits in the running script's folder (python benchmarks/x.py
+    # puts benchmarks/ first on sys.path): Triton's stubs start in this process's working directory and do not
+    # see that folder, so such a module's factory is copied as source too.
+    if "." in module or not sys.argv or not sys.argv[0]:
+        return False
+    file = getattr(sys.modules.get(module), "__file__", None)
+    if file is None:
+        return False
+    folder = Path(file).resolve().parent
+    return folder == Path(sys.argv[0]).resolve().parent and folder != Path.cwd().resolve()
+
+
 def _factory_spec(factory: str | Callable[[], Any], repository: Path) -> str:
-    # A "module:attribute" the stub can import; a function defined in a notebook (__main__) is copied
-    # into the repository as source, so it must import what it needs inside its body.
+    # A "module:attribute" the stub can import; a function defined in a notebook (__main__), a local one, or
+    # one in a module beside the running script is copied into the repository as source, so it must import
+    # what it needs inside its body.
     if isinstance(factory, str):
         name, _, attribute = factory.partition(":")
         if not (name and attribute):
@@ -81,7 +96,7 @@ def _factory_spec(factory: str | Callable[[], Any], repository: Path) -> str:
         return factory
     module = getattr(factory, "__module__", None)
     qualname = getattr(factory, "__qualname__", "")
-    if module and module != "__main__" and "<" not in qualname:
+    if module and module != "__main__" and "<" not in qualname and not _beside_script(module):
         return f"{module}:{qualname}"
     try:
         source = textwrap.dedent(inspect.getsource(factory))

@@ -176,7 +176,8 @@ class TritonServer:
         # count, not BLAS, decides how many cores a model uses (and 2 cores are not oversubscribed).
         for knob in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(knob, "1")
-        # The stubs import factories as this process would (a test folder, the notebook's folder).
+        # The stubs import the package's factories as this process would; what they find besides is what their
+        # working directory (this process's) holds: a factory beside a script is copied as source instead.
         env["PYTHONPATH"] = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
         return env
 
