@@ -318,3 +318,66 @@ def test_bad_parameters_are_named(kwargs, message):
     options = {"arrival_rate": 0.5, **kwargs}
     with pytest.raises(ValueError, match=message):
         simulate_graph({"a": (Stage(service_time=1.0), ["request"])}, **options)
+
+
+# --- hop_delay: a pure delay on entering a stage -------------------------------------------------------
+
+
+def chain(n, service=1.0, **stage):
+    names = [f"s{i}" for i in range(n)]
+    return {name: (Stage(service_time=service, **stage), [names[i - 1]] if i else ["request"])
+            for i, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_chain_of_n_stages_with_hop_delay_adds_exactly_n_delays_at_light_load(n):
+    arrivals = np.arange(50) * 10.0  # far apart: nothing ever queues
+    plain = simulate_graph(chain(n), None, arrivals=arrivals, warmup=0.0)
+    hopped = simulate_graph(chain(n), None, arrivals=arrivals, warmup=0.0, hop_delay=0.25)
+    np.testing.assert_allclose(plain.latencies, n * 1.0)
+    np.testing.assert_allclose(hopped.latencies, n * 1.0 + n * 0.25)
+    assert hopped.stages["s0"].arrival[0] == pytest.approx(0.25)  # the stage's queue sees it d later
+    assert hopped.stages["s0"].mean_wait == 0.0  # the delay occupies no server and never queues
+
+
+def test_a_hop_delay_shifts_a_loaded_chain_without_changing_its_queueing():
+    # Shifting every arrival at a FIFO stage by d shifts every finish by d: a chain's waits are unchanged.
+    stages = {"a": (Stage(service_time=Exponential(1.0), max_batch_size=4), ["request"]),
+              "b": (Stage(service_time=Exponential(0.8)), ["a"])}
+    plain = simulate_graph(stages, 0.7, n_requests=20_000, seed=3)
+    hopped = simulate_graph(stages, 0.7, n_requests=20_000, seed=3, hop_delay={"a": 0.1, "b": 0.3})
+    np.testing.assert_allclose(hopped.latencies, plain.latencies + 0.4, atol=1e-9)
+    for name in stages:
+        np.testing.assert_allclose(hopped.stages[name].start - hopped.stages[name].arrival,
+                                   plain.stages[name].start - plain.stages[name].arrival, atol=1e-9)
+
+
+def test_a_hop_delay_on_one_branch_of_a_join_makes_the_join_wait_for_it():
+    stages = {"fast": (Stage(service_time=1.0), ["request"]), "slow": (Stage(service_time=2.0), ["request"]),
+              "join": (Stage(service_time=0.0), ["fast", "slow"])}
+    arrivals = np.arange(20) * 10.0
+    r = simulate_graph(stages, None, arrivals=arrivals, warmup=0.0, hop_delay={"fast": 1.5})
+    np.testing.assert_allclose(r.latencies, 2.5)  # the fast branch now finishes at 2.5, after the slow one
+    assert r.stages["slow"].arrival[0] == 0.0  # a stage not named gets no delay
+
+
+def test_hop_delay_at_its_default_changes_nothing():
+    stages = fork(3, max_batch_size=4, max_wait=0.2)
+    plain = simulate_graph(stages, 0.6, n_requests=5_000, seed=9)
+    zero = simulate_graph(stages, 0.6, n_requests=5_000, seed=9, hop_delay=0.0)
+    zeros = simulate_graph(stages, 0.6, n_requests=5_000, seed=9, hop_delay={"join": 0})
+    for other in (zero, zeros):
+        np.testing.assert_array_equal(other.latencies, plain.latencies)
+        for name in stages:
+            np.testing.assert_array_equal(other.stages[name].start, plain.stages[name].start)
+
+
+@pytest.mark.parametrize(
+    ("hop_delay", "message"),
+    [(-0.1, r"hop_delay must be >= 0, got -0\.1"), (float("nan"), "hop_delay must be a finite number"),
+     ("1ms", "hop_delay must be a finite number, got '1ms'"), ({"nope": 1.0}, "hop_delay names 'nope'"),
+     ({"a": -1}, r"hop_delay\['a'\] must be >= 0")],
+)
+def test_bad_hop_delays_are_named(hop_delay, message):
+    with pytest.raises(ValueError, match=message):
+        simulate_graph({"a": (Stage(service_time=1.0), ["request"])}, 0.5, hop_delay=hop_delay)

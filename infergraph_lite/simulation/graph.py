@@ -101,6 +101,7 @@ def simulate_graph(
     arrivals: Sequence[float] | np.ndarray | None = None,
     allow_unstable: bool = False,
     queue_timeouts: Mapping[str, float] | None = None,
+    hop_delay: float | Mapping[str, float] = 0.0,
 ) -> GraphResult:
     """Simulate a graph of :class:`~infergraph_lite.core.stage.Stage` s under Poisson (or given) arrivals.
 
@@ -138,8 +139,16 @@ def simulate_graph(
     that stage D after it got there (Triton's ``default_timeout_microseconds`` per model); such a stage is
     never unstable.  A shed request goes no further: ``refused``/``timed_out`` on the result say which.
 
+    ``hop_delay`` is a pure delay on every entry into a stage (or ``{stage: d}``, per stage; a stage not
+    named gets 0): a request whose dependencies are done for it reaches that stage's queue ``d`` later.  It
+    occupies no server and never queues, so a chain of n stages adds exactly ``n * d`` to a lone request.
+    It is the cost of handing a request from one stage to the next that no stage's service time holds —
+    the wake-up, pickling and pipe of a real server's hop (measured from lone requests; notebook 06,
+    section 7).  On a stage's :class:`StageStats`, ``arrival`` is then when the request reached its queue.
+
     Two exponential stages in tandem at 60 % and 30 % load: by Jackson's
-    theorem the mean latency is 1/(1 - 0.6) + 0.5/(1 - 0.3) = 3.21 ms.
+    theorem the mean latency is 1/(1 - 0.6) + 0.5/(1 - 0.3) = 3.21 ms; a hop
+    delay of 0.25 ms on each stage entry adds exactly 2 * 0.25 ms to it.
 
     >>> from infergraph_lite.core.stage import Exponential, Stage
     >>> tandem = {"a": (Stage(service_time=Exponential(1.0)), ["request"]),
@@ -147,6 +156,9 @@ def simulate_graph(
     >>> r = simulate_graph(tandem, arrival_rate=0.6, n_requests=200_000)
     >>> round(r.mean_latency, 1), r.bottleneck, round(r.stages["a"].utilization, 1)
     (3.2, 'a', 0.6)
+    >>> hopped = simulate_graph(tandem, arrival_rate=0.6, n_requests=200_000, hop_delay=0.25)
+    >>> round(hopped.mean_latency - r.mean_latency, 6)
+    0.5
     """
     plan = prepare_stages(stages, inputs, need="service_time")
     check_warmup(warmup)
@@ -155,6 +167,7 @@ def simulate_graph(
         if name not in plan.nodes:
             raise ValueError(f"queue_timeouts names {name!r}, which is not a stage (stages: {', '.join(plan.order)})")
         check_number(f"queue_timeouts[{name!r}]", value, positive=False)
+    hops = _hop_delays(hop_delay, plan.order)
     times, rate = arrival_times(arrival_rate, n_requests, seed, arrivals)
 
     capacities = {name: plan.nodes[name][0].capacity() for name in plan.order}
@@ -178,6 +191,8 @@ def simulate_graph(
         stage, deps = plan.nodes[name]
         sources = [served[d][2] if d in plan.nodes else times for d in dict.fromkeys(deps)] or [times]
         arrive = sources[0] if len(sources) == 1 else np.maximum.reduce(sources)
+        if hops[name]:
+            arrive = arrive + hops[name]
         rng = np.random.default_rng([seed, 1 + position[name]])
         served[name] = (arrive, *_serve_stage(arrive, stage, rng, queue_timeouts.get(name)))
 
@@ -211,6 +226,18 @@ def simulate_graph(
         refused=refused,
         timed_out=timed_out,
     )
+
+
+def _hop_delays(hop_delay: float | Mapping[str, float], order: Sequence[str]) -> dict[str, float]:
+    # Every stage's delay on entry: one number for all, or a mapping (a stage not named: 0); errors name it.
+    if isinstance(hop_delay, Mapping):
+        unknown = [name for name in hop_delay if name not in order]
+        if unknown:
+            raise ValueError(f"hop_delay names {unknown[0]!r}, which is not a stage (stages: {', '.join(order)})")
+        return {name: check_number(f"hop_delay[{name!r}]", hop_delay.get(name, 0.0), positive=False)
+                for name in order}
+    delay = check_number("hop_delay", hop_delay, positive=False)
+    return dict.fromkeys(order, delay)
 
 
 def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator,

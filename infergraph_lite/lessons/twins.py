@@ -1,0 +1,137 @@
+"""A real server's simulated twin, calibrated and its remaining gap taken apart (notebook 06, section 7).
+
+The twin of a :class:`~infergraph_lite.serving.graph_server.GraphServer` is its stage dict with each stage's
+CPU-time profile as ``service_time``, run by :func:`~infergraph_lite.simulation.graph.simulate_graph`.  Two
+things a real server does that such a profile does not hold, each measured here rather than guessed:
+
+- **a hop**: handing a request to a stage and its answer back (a batcher thread woken, for worker processes
+  the batch and its answer pickled through a pipe).  :func:`calibrate_hops` measures it from lone requests
+  (nothing queues), as ``simulate_graph``'s ``hop_delay`` per stage: the twin then predicts a lone request
+  exactly, and every request pays it on every stage it enters.
+- **what the load does to each batch** (a worker waiting for a core that the other stages and the parent
+  process also need): :func:`recorded_twin` rebuilds the twin from the service times the stages recorded
+  *during* a run, so the difference between it and the calibrated twin is that run's core contention.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from infergraph_lite.core.arguments import check_count
+from infergraph_lite.serving.loadtest import run_closed_loop
+from infergraph_lite.simulation.graph import simulate_graph
+
+__all__ = ["HopCalibration", "calibrate_hops", "recorded_twin", "service_table"]
+
+
+def service_table(sizes: Sequence[float], seconds: Sequence[float]) -> Callable[[float], float]:
+    """s(b) from a measured table, interpolated; evened out so that a batch is never dearer per request than
+    a batch of one, nor cheaper than a smaller batch.
+
+    >>> s = service_table([1, 2, 4], [1.0, 1.5, 1.4])
+    >>> s(1), s(3), s(4)
+    (1.0, 1.5, 1.5)
+    """
+    b, s = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    s = np.maximum.accumulate(np.minimum(s, s[0] * b / b[0]))
+    return lambda size: float(np.interp(size, b, s))
+
+
+@dataclass(frozen=True)
+class HopCalibration:
+    """What lone requests through a real server showed, against its twin (seconds).
+
+    ``lone_latency`` is their median end to end, ``twin_latency`` the twin's for a lone request (the work
+    alone); ``round_trip`` each stage's median service time as its batcher saw it (for worker processes:
+    the pipe, pickling and the work), ``outside`` the rest of a hop, spread evenly over the stages (the
+    parent's hand-off: a thread woken, a callback, the next submit).  ``hop_delay`` is per stage
+    ``round_trip - its CPU work + outside``; with it the twin's lone latency is ``lone_latency``.
+    """
+
+    lone_latency: float
+    twin_latency: float
+    round_trip: dict[str, float]
+    outside: float
+    hop_delay: dict[str, float]
+
+    @property
+    def per_hop(self) -> float:
+        """The mean hop delay per stage entered."""
+        return statistics.fmean(self.hop_delay.values())
+
+
+def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], make_item: Callable[[int], Any],
+                   n_requests: int = 100, inputs: Sequence[str] = ("request",)) -> HopCalibration:
+    """Send ``n_requests`` lone requests (one client, closed loop) and measure each stage's hop delay.
+
+    ``server`` is a warm :class:`~infergraph_lite.serving.graph_server.GraphServer` serving the graph whose
+    ``twin`` (the same dict with CPU-time ``service_time`` s) is given.  Light load only: nothing queues, so
+    what a lone request takes above the twin's latency is hand-off, not waiting.  For a chain every request
+    enters every stage, so the twin with ``hop_delay=calibration.hop_delay`` predicts the lone median exactly.
+
+    >>> import time
+    >>> from infergraph_lite.core.stage import Stage
+    >>> from infergraph_lite.serving.graph_server import GraphServer
+    >>> def nap(xs):
+    ...     time.sleep(0.002 * len(xs))
+    ...     return xs
+    >>> stages = {"a": (Stage(fn=nap), ["request"]), "b": (Stage(fn=nap), ["a"])}
+    >>> twin = {n: (Stage(service_time=0.002), deps) for n, (_, deps) in stages.items()}
+    >>> with GraphServer(stages) as server:
+    ...     hops = calibrate_hops(server, twin, lambda i: {"request": i}, n_requests=20)
+    >>> round(hops.twin_latency, 9), sorted(hops.hop_delay), hops.per_hop >= 0
+    (0.004, ['a', 'b'], True)
+    """
+    n_requests = check_count("n_requests", n_requests)
+    marks = {name: len(rows) for name, rows in server.stage_records().items()}
+    report = run_closed_loop(server, n_clients=1, n_requests=n_requests, make_item=make_item)
+    if report.failed or report.refused or len(report.latencies) == 0:
+        raise RuntimeError(f"calibrate_hops: {report.failed} lone requests failed and {report.refused} were "
+                           "refused; a calibration needs them all answered")
+    lone = float(np.median(report.latencies))
+    records = {name: rows[marks[name]:] for name, rows in server.stage_records().items()}
+    round_trip = {name: float(np.median([r.service_time for r in records[name]])) for name in twin}
+    alone = simulate_graph(twin, None, arrivals=np.arange(50) * 1e3, warmup=0.0, inputs=inputs)
+    twin_lone = float(np.median(alone.latencies))
+    work = {name: stage.service_time(1) if callable(stage.service_time) else float(stage.service_time)
+            for name, (stage, _) in twin.items()}
+    outside = (lone - twin_lone - sum(round_trip[n] - work[n] for n in twin)) / len(twin)
+    hop_delay = {name: max(round_trip[name] - work[name] + outside, 0.0) for name in twin}
+    return HopCalibration(lone, twin_lone, round_trip, outside, hop_delay)
+
+
+def recorded_twin(records: Mapping[str, Sequence[Any]],
+                  base: Mapping[str, tuple[Any, Sequence[str]]]) -> dict[str, tuple[Any, Sequence[str]]]:
+    """``base`` with each stage's service time per batch size as its stage recorded it during a run (medians).
+
+    ``records`` is :meth:`GraphServer.stage_records` sliced to one run.  A stage that saw one batch size
+    gets that size's time for every batch size at or above it (and proportionally less below).
+
+    >>> from infergraph_lite.core.stage import Stage
+    >>> from infergraph_lite.serving.metrics import RequestRecord
+    >>> rows = [RequestRecord(0.0, 0.003, 1), RequestRecord(0.0, 0.005, 2), RequestRecord(0.0, 0.005, 2)]
+    >>> twin = recorded_twin({"a": rows}, {"a": (Stage(service_time=0.001, max_batch_size=2), ["request"])})
+    >>> twin["a"][0].service_time(1), twin["a"][0].service_time(2)
+    (0.003, 0.005)
+    """
+    result = {}
+    for name, (stage, deps) in base.items():
+        rows = records[name]
+        if not rows:
+            raise ValueError(f"recorded_twin: stage {name!r} recorded no requests in this run")
+        sizes = np.array([r.batch_size for r in rows])
+        seconds = np.array([r.service_time for r in rows])
+        seen = np.unique(sizes)
+        medians = [float(np.median(seconds[sizes == b])) for b in seen]
+        if len(seen) == 1:  # one size seen: proportional below it, constant above
+            seen, medians = np.array([seen[0], seen[0] + 1]), [medians[0], medians[0]]
+            if seen[0] > 1:
+                seen, medians = np.array([1, *seen]), [medians[0] / seen[0], *medians]
+        result[name] = (dataclasses.replace(stage, service_time=service_table(seen, medians)), deps)
+    return result
