@@ -13,10 +13,11 @@ its CPU time over the run's wall time ("core"), and over the time it held at lea
 saturation a server idles part of the run, so the first is mostly its utilisation).  The profile holds for a server
 that has its core, so a miss while the server got under 0.8 of a core while busy is printed "unconfirmed (busy
 machine)", not met.  The mean TPOT ratio is printed beside them (no target): it says whether the profiled decode
-step still held during the run.  Where the twin
-misses, the "missing" columns say by how much per request: measured - simulated mean e2e and mean TTFT, in ms:
-time spent outside the engine's step loop (HTTP, tokenizing, slot set-up, streaming to a Python client), which
-a profile fitted to step gaps and lone prefills cannot see.  The TTFT miss is split by whether the request found
+step still held during the run.  The profile
+carries each request's time outside the steps (a lone request's client TTFT minus llama.cpp's own prompt_ms, and
+its stream's end after the last token), and simulate_llm applies it.  Where the twin misses, the "missing" columns
+say by how much per request: measured - simulated mean e2e and mean TTFT, in ms; the TPOT ratio says how much of
+it is the decode steps.  The TTFT miss is split by whether the request found
 the real server empty (its lone prefill is what the profile measured) or another request inside it.
 
 Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that none is left.

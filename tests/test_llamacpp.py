@@ -35,6 +35,7 @@ from infergraph_lite.frameworks.llamacpp import (
     RequestError,
     ServerStartError,
     SlotMonitor,
+    StepTimeModel,
     fit_step_time,
     parse_prometheus,
     prompt_of,
@@ -365,6 +366,17 @@ def test_the_fit_recovers_known_coefficients_and_never_goes_negative():
         fit_step_time([(0, 1, 1, -1.0), (0, 2, 2, 0.1)])
 
 
+def test_a_fitted_model_carries_its_overheads_into_the_simulator():
+    from infergraph_lite import simulate_llm
+
+    model = StepTimeModel(a=0.005, b=0.001, c=0.0002, request_overhead=0.0015, response_overhead=0.0005)
+    r = simulate_llm(n_requests=1, prompt_tokens=20, output_tokens=3, step_time=model, max_num_seqs=1)
+    prefill, decode = model(20, 0, 20), model(0, 1, 21)   # kv_tokens: what the step leaves in the cache
+    assert r.ttft[0] == pytest.approx(0.0015 + prefill, abs=1e-12)
+    assert r.e2e[0] == pytest.approx(0.0015 + prefill + model(0, 1, 21) + model(0, 1, 22) + 0.0005, abs=1e-12)
+    assert decode > 0 and "1.50 ms before its first step, 0.50 ms after its last token" in str(model)
+
+
 def test_the_profile_measures_the_live_server(server8):
     from infergraph_lite.frameworks.llamacpp import profile_step_time
 
@@ -373,6 +385,10 @@ def test_the_profile_measures_the_live_server(server8):
     assert {s.kind for s in profile.samples} == {"decode", "prefill"}
     assert all(v >= 0 for v in profile.model.coefficients.values())
     assert profile(0, 4, 100) > 0 and profile.model.n_samples == len(profile.samples)
+    # The prefill step is the server's own prompt time; what the client saw beyond it is the request overhead.
+    assert all(0 < profile.prefill[p] < profile.ttft[p] for p in (8, 128))
+    assert 0 < profile.request_overhead < min(profile.ttft.values()) and profile.response_overhead >= 0
+    assert profile.model.request_overhead == profile.request_overhead
     assert server8.busy_slots() == 0
     with pytest.raises(ValueError, match="n_parallel"):
         profile_step_time(server8, concurrencies=(16,))

@@ -185,6 +185,55 @@ def test_a_request_alone_takes_output_tokens_steps():
     np.testing.assert_allclose(r.max_tbt, [np.nan, 0.5, 0.5])
 
 
+def test_a_lone_requests_ttft_and_e2e_grow_by_exactly_the_overhead():
+    kw = dict(n_requests=3, prompt_tokens=[5, 50, 500], output_tokens=[1, 7, 30], max_num_seqs=4,
+              arrivals=[0.0, 100.0, 200.0], step_time=lambda p, d, kv: 0.5 + 0.001 * p)
+    plain = simulate_llm(**kw)
+    r = simulate_llm(**kw, request_overhead=0.004, response_overhead=0.0015)
+    np.testing.assert_allclose(r.ttft, plain.ttft + 0.004, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.e2e, plain.e2e + 0.0055, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.tpot, plain.tpot, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(r.max_tbt, plain.max_tbt)
+    assert (r.request_overhead, r.response_overhead) == (0.004, 0.0015)
+
+
+def test_zero_overhead_changes_nothing_and_a_model_carries_its_own():
+    kw = dict(n_requests=200, prompt_tokens=np.arange(200) % 40 + 1, output_tokens=np.arange(200) % 30 + 1,
+              max_num_seqs=8, arrival_rate=60.0, kv_cache_tokens=160, max_num_batched_tokens=64)
+    linear = lambda p, d, kv: 0.002 + 1e-4 * p + 5e-4 * d + 1e-6 * kv   # noqa: E731
+    plain = simulate_llm(**kw, step_time=linear)
+    zero = simulate_llm(**kw, step_time=linear, request_overhead=0.0, response_overhead=0.0)
+    for name in ("first_token", "finish", "max_tbt", "steps_end", "steps_kv_tokens"):
+        np.testing.assert_array_equal(getattr(zero, name), getattr(plain, name))
+    assert zero.preemptions == plain.preemptions > 0
+
+    class Fitted:          # a fitted model names its overheads; simulate_llm takes them without wiring
+        request_overhead, response_overhead = 0.003, 0.001
+
+        def __call__(self, p, d, kv):
+            return linear(p, d, kv)
+
+    carried = simulate_llm(**kw, step_time=Fitted())
+    wired = simulate_llm(**kw, step_time=linear, request_overhead=0.003, response_overhead=0.001)
+    np.testing.assert_array_equal(carried.finish, wired.finish)
+    np.testing.assert_array_equal(simulate_llm(**kw, step_time=Fitted(), request_overhead=0.0,
+                                               response_overhead=0.0).finish, plain.finish)   # an argument wins
+
+
+def test_request_overhead_is_an_arrival_shift_under_load():
+    # Overhead before scheduling is the same run with every arrival later by it (it holds no engine step).
+    rng = np.random.default_rng(5)
+    n = 300
+    prompt, output = rng.integers(1, 60, n), rng.integers(1, 50, n)
+    arrivals = np.cumsum(rng.exponential(0.05, n))
+    kw = dict(n_requests=n, prompt_tokens=prompt, output_tokens=output, max_num_seqs=6,
+              step_time=lambda p, d, kv: 0.004 + 2e-4 * p + 1e-3 * d)
+    shifted = simulate_llm(**kw, arrivals=arrivals + 0.007)
+    r = simulate_llm(**kw, arrivals=arrivals, request_overhead=0.007)
+    np.testing.assert_allclose(r.first_token, shifted.first_token, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(r.e2e, shifted.e2e + 0.007, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("lengths", ["fixed", "random"])
 def test_one_slot_is_an_mg1_queue(lengths):
     # max_num_seqs=1: a request holds the engine for output_tokens steps, and the next starts at its end.
@@ -344,11 +393,25 @@ def test_agrees_with_the_reference_under_heavy_preemption():
     (dict(arrival_rate=-1.0), "arrival_rate must be > 0"),
     (dict(kv_allocation="reserve_max", max_tokens=10), r"max_tokens \(10\) is below the longest output_tokens"),
     (dict(warmup=1.0), r"warmup must be a fraction in \[0, 1\)"),
+    (dict(request_overhead=-0.001), "request_overhead must be >= 0"),
+    (dict(response_overhead=float("nan")), "response_overhead must be a finite number"),
+    (dict(request_overhead="2 ms"), "request_overhead must be a finite number"),
 ])
 def test_bad_input_names_the_argument(kw, message):
     args = dict(n_requests=3, prompt_tokens=100, output_tokens=20, step_time=0.01, max_num_seqs=8)
     with pytest.raises(ValueError, match=message):
         simulate_llm(**{**args, **kw})
+
+
+def test_a_bad_overhead_carried_by_step_time_is_named_as_its_attribute():
+    class Model:
+        request_overhead = -1.0
+
+        def __call__(self, p, d, kv):
+            return 0.01
+
+    with pytest.raises(ValueError, match=r"step_time.request_overhead must be >= 0"):
+        simulate_llm(n_requests=2, prompt_tokens=4, output_tokens=2, step_time=Model(), max_num_seqs=2)
 
 
 def test_summaries_leave_out_the_warmup_but_arrays_keep_every_request():

@@ -6,12 +6,18 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
 - *decode*: ``c`` requests sent together (same prompt length, same token count) run in lock-step, so the
   ``j``-th inter-token gap of each is one decode step holding ``c`` sequences and ``c x (prompt + j)``
   tokens of context;
-- *prefill*: one request alone with a ``p``-token prompt: its time to first token is one step that
-  prefills ``p`` tokens (and samples the first output token).
+- *prefill*: one request alone with a ``p``-token prompt: the server's own ``timings.prompt_ms`` is one step
+  that prefills ``p`` tokens (and samples the first output token);
+- *overheads*: what the same lone request spent outside that step.  Its client-side time to first token
+  minus ``prompt_ms`` is the time between the request leaving the client and its prefill step (HTTP, JSON,
+  tokenizing, slot set-up) plus the first token's way back: the *request overhead*, the same subtraction
+  notebook 07 makes for Triton's gRPC hop.  Its end-to-end time minus its last token's arrival is the
+  *response overhead* (the stream's closing event).
 
 :func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens`` to such rows by least
 squares (numpy only; a coefficient the data would make negative is held at 0), and returns a
-:class:`StepTimeModel`, a callable the simulator takes as it is.
+:class:`StepTimeModel`, a callable the simulator takes as it is, carrying the two overheads
+(``simulate_llm`` reads them from it).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,7 +58,9 @@ class StepTimeModel:
 
     Seconds per step.  ``kv_tokens`` is the context the step's sequences hold in the KV cache, summed over
     them.  ``rmse`` is the fit's root-mean-square error over the samples it was fitted to (seconds), and
-    ``worst_relative_error`` its largest |predicted - measured| / measured there.
+    ``worst_relative_error`` its largest |predicted - measured| / measured there.  ``request_overhead`` and
+    ``response_overhead`` (seconds) are a request's time outside the steps, before its first step may run and
+    after its last token; :func:`~infergraph_lite.simulate_llm` takes them from the model it is given.
 
     >>> model = StepTimeModel(a=0.002, b=0.001, c=0.0001, d=0.0)
     >>> round(model(prefill_tokens=0, decode_seqs=4, kv_tokens=400), 6)
@@ -68,6 +76,8 @@ class StepTimeModel:
     rmse: float = math.nan
     worst_relative_error: float = math.nan
     n_samples: int = 0
+    request_overhead: float = 0.0
+    response_overhead: float = 0.0
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
         return self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens
@@ -81,7 +91,10 @@ class StepTimeModel:
         return (f"step = {1e3 * self.a:.3f} ms + {1e3 * self.b:.3f} ms x decode_seqs + "
                 f"{1e3 * self.c:.4f} ms x prefill_tokens + {1e3 * self.d:.5f} ms x kv_tokens "
                 f"(rmse {1e3 * self.rmse:.3f} ms, worst {100 * self.worst_relative_error:.0f} %, "
-                f"{self.n_samples} samples)")
+                f"{self.n_samples} samples)"
+                + (f"; per request {1e3 * self.request_overhead:.2f} ms before its first step, "
+                   f"{1e3 * self.response_overhead:.2f} ms after its last token"
+                   if self.request_overhead or self.response_overhead else ""))
 
 
 def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True
@@ -136,7 +149,9 @@ class StepTimeProfile:
     """What :func:`profile_step_time` measured, and the fitted :class:`StepTimeModel` (``profile.model``).
 
     ``decode`` maps a concurrency ``c`` to the median inter-token gap (seconds) at ``c`` sequences;
-    ``prefill`` maps a prompt length to the median time to first token of a request alone (seconds).
+    ``prefill`` maps a prompt length to the median prefill step of a request alone (the server's ``prompt_ms``,
+    seconds), ``ttft`` to its median time to first token as the client saw it; ``model.request_overhead`` is the
+    median of the differences.
     ``load_average`` is the machine's 1-minute load average before and after: a profile taken on a busy
     machine predicts a busy machine, so measure what it is checked against under the same conditions.
     """
@@ -145,11 +160,22 @@ class StepTimeProfile:
     samples: tuple[StepSample, ...]
     decode: dict[int, float] = field(default_factory=dict)
     prefill: dict[int, float] = field(default_factory=dict)
+    ttft: dict[int, float] = field(default_factory=dict)
     elapsed: float = 0.0
     load_average: tuple[float, float] = (math.nan, math.nan)    # 1-minute load average before and after
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
         return self.model(prefill_tokens, decode_seqs, kv_tokens)
+
+    @property
+    def request_overhead(self) -> float:
+        """The model's per-request seconds before its first step (see :class:`StepTimeModel`)."""
+        return self.model.request_overhead
+
+    @property
+    def response_overhead(self) -> float:
+        """The model's per-request seconds after its last token."""
+        return self.model.response_overhead
 
 
 def _load_average() -> float:
@@ -186,8 +212,10 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     used) or a :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient`.  ``concurrencies``
     defaults to 1, 2, 4, ... up to the server's ``n_parallel``; each is measured ``repeats`` times with
     ``c`` requests of ``prompt_tokens`` prompt tokens and ``n_predict`` output tokens sent together.
-    Each of ``prefill_lengths`` is measured ``repeats`` times alone.  Every request is bounded by ``timeout``.
-    Warm-up: one request first, not recorded.  Medians over the repeats.
+    Each of ``prefill_lengths`` is measured ``repeats`` times alone: its step is the server's ``prompt_ms``, and
+    the client's time to first token beyond it, and its end beyond the last token, are the model's
+    ``request_overhead`` and ``response_overhead`` (medians over all lone requests).  Every request is bounded by
+    ``timeout``.  Warm-up: one request first, not recorded.  Medians over the repeats.
 
     >>> from infergraph_lite.frameworks.llamacpp_model import write_tiny_llama
     >>> from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
@@ -196,6 +224,8 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     ...     profile = profile_step_time(server, n_predict=8, prefill_lengths=(8, 32), repeats=1)
     >>> sorted(profile.decode), sorted(profile.prefill), profile.model(0, 2, 20) > 0
     ([1, 2], [8, 32], True)
+    >>> 0 < profile.request_overhead < profile.ttft[8]
+    True
     """
     n_parallel = getattr(server, "n_parallel", None)
     if concurrencies is None:
@@ -216,12 +246,16 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     samples: list[StepSample] = []
     decode: dict[int, float] = {}
     prefill: dict[int, float] = {}
+    ttft: dict[int, float] = {}
     try:
         client.complete(CompletionRequest(prompt_of(prompt_tokens), 4))      # warm-up: caches, threads
         # Repeats outermost: each round measures every concurrency and prompt length once, so a change in the
         # machine's load during the profile moves all of them alike instead of one.
         gaps_by_step: dict[int, list[list[float]]] = {c: [[] for _ in range(n_predict - 1)] for c in concurrencies}
         ttfts: dict[int, list[float]] = {p: [] for p in prefill_lengths}
+        prompt_steps: dict[int, list[float]] = {p: [] for p in prefill_lengths}
+        before: list[float] = []
+        after: list[float] = []
         for _ in range(repeats):
             for c in concurrencies:
                 done = _together(client, [CompletionRequest(prompt_of(prompt_tokens), n_predict)] * c, timeout)
@@ -229,7 +263,12 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                     for j, gap in enumerate(completion.gaps.tolist()):
                         gaps_by_step[c][j].append(gap)
             for p in prefill_lengths:
-                ttfts[p].append(client.complete(CompletionRequest(prompt_of(p), 1)).ttft)
+                lone = client.complete(CompletionRequest(prompt_of(p), 1))
+                step = _prompt_seconds(lone)
+                ttfts[p].append(lone.ttft)
+                prompt_steps[p].append(step)
+                before.append(lone.ttft - step)
+                after.append(lone.e2e - float(lone.token_times[-1]))
         for c in concurrencies:
             # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
             # step of c sequences, each holding prompt + j + 1 tokens.  Four samples per c (medians over runs
@@ -240,11 +279,22 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                 samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode"))
             decode[c] = float(np.median([g for row in gaps_by_step[c][1:] for g in row]))
         for p in prefill_lengths:
-            prefill[p] = float(np.median(ttfts[p]))
+            prefill[p] = float(np.median(prompt_steps[p]))
+            ttft[p] = float(np.median(ttfts[p]))
             samples.append(StepSample(p, 0, p, prefill[p], "prefill"))
     finally:
         if own:
             client.close()
-    return StepTimeProfile(model=fit_step_time(samples, kv=kv), samples=tuple(samples), decode=decode,
-                           prefill=prefill, elapsed=time.perf_counter() - start,
-                           load_average=(load_before, _load_average()))
+    model = replace(fit_step_time(samples, kv=kv), request_overhead=max(0.0, float(np.median(before))),
+                    response_overhead=max(0.0, float(np.median(after))))
+    return StepTimeProfile(model=model, samples=tuple(samples), decode=decode, prefill=prefill, ttft=ttft,
+                           elapsed=time.perf_counter() - start, load_average=(load_before, _load_average()))
+
+
+def _prompt_seconds(done: Completion) -> float:
+    # The server's own time for the request's prefill step (llama.cpp's timings.prompt_ms), seconds.
+    ms = done.server_timings.get("prompt_ms")
+    if not isinstance(ms, (int, float)) or not 0 < ms < 1e3 * done.ttft:
+        raise RuntimeError(f"the server's timings.prompt_ms ({ms!r}) is missing or not inside the client's time to "
+                           f"first token ({1e3 * done.ttft:.2f} ms): is this llama.cpp's /completion?")
+    return float(ms) / 1e3

@@ -41,7 +41,7 @@ class LLMResult(LatencySummary):
 
     arrival: np.ndarray
     first_token: np.ndarray     # when each request's first output token came (end of its prefill step)
-    finish: np.ndarray          # when its last token came
+    finish: np.ndarray          # when its answer was complete: its last token came, + response_overhead
     output_tokens: np.ndarray   # tokens generated
     max_tbt: np.ndarray         # the longest gap between two consecutive tokens
     throughput: float           # output tokens per second over the measured window
@@ -56,23 +56,26 @@ class LLMResult(LatencySummary):
     steps_decode_seqs: np.ndarray
     steps_kv_tokens: np.ndarray
     steps_kv_slots: np.ndarray
+    request_overhead: float = 0.0    # seconds from arrival to the first step that may schedule the request
+    response_overhead: float = 0.0   # seconds from the last token to the answer's end
 
     @property
     def e2e(self) -> np.ndarray:
-        """Arrival to last token, per request."""
+        """Arrival to the answer's end (last token + ``response_overhead``), per request."""
         return self.finish - self.arrival
 
     @property
     def ttft(self) -> np.ndarray:
-        """Time to first token: arrival to the end of the step that completed the prefill."""
+        """Time to first token: arrival to the end of the step that completed the prefill (``request_overhead``
+        included)."""
         return self.first_token - self.arrival
 
     @property
     def tpot(self) -> np.ndarray:
         """Mean time per output token after the first."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.output_tokens > 1, (self.finish - self.first_token) / (self.output_tokens - 1),
-                            np.nan)
+            decoding = self.finish - self.response_overhead - self.first_token
+            return np.where(self.output_tokens > 1, decoding / (self.output_tokens - 1), np.nan)
 
     def measured(self, of: str = "e2e") -> np.ndarray:
         """The per-request metric ``of`` (e2e, ttft, tpot, max_tbt) after the warm-up, NaNs left out."""
@@ -117,6 +120,8 @@ def simulate_llm(
     kv_allocation: str = "paged",
     max_tokens: int | None = None,
     warmup: float = 0.0,
+    request_overhead: float | None = None,
+    response_overhead: float | None = None,
 ) -> LLMResult:
     """Simulate an LLM engine serving ``n_requests`` requests, step by step.
 
@@ -141,6 +146,14 @@ def simulate_llm(
     prompt + ``max_tokens`` (default: the longest ``output_tokens``) for a request when it is admitted, as
     systems before paged attention did.  The first ``warmup`` fraction of requests is left out of summaries.
 
+    A real server spends time on a request outside its engine's steps: receiving and parsing it, tokenizing,
+    setting up its slot, streaming the answer back.  ``request_overhead`` is the seconds from a request's
+    arrival to the first step that may schedule it (it overlaps with any wait for a slot, and delays no other
+    request's step); ``response_overhead`` is added after its last token (the end of the stream).  None (the
+    default) takes each from ``step_time``'s attribute of that name if it has one — a
+    :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` fitted to a server carries what it
+    measured — else 0.
+
     One request alone, 4 output tokens at 10 ms a step, takes 40 ms; eight offline requests of 8, 7, ..., 1
     tokens in static batches of 4 take 8 + 4 steps; continuously batched, 9 (36 tokens, 4 a step):
 
@@ -153,6 +166,13 @@ def simulate_llm(
     ...     print(scheduling, r.makespan, r.throughput)
     static 12.0 3.0
     continuous 9.0 4.0
+
+    A 2 ms overhead before and 1 ms after a lone request add exactly that to its TTFT and e2e:
+
+    >>> r = simulate_llm(n_requests=1, prompt_tokens=16, output_tokens=4, step_time=0.01, max_num_seqs=8,
+    ...                  request_overhead=0.002, response_overhead=0.001)
+    >>> r.ttft.round(6), r.e2e.round(6), r.tpot.round(6)
+    (array([0.012]), array([0.043]), array([0.01]))
     """
     n = check_count("n_requests", n_requests)
     prompt = _lengths("prompt_tokens", prompt_tokens, n)
@@ -169,6 +189,8 @@ def simulate_llm(
     check_fraction("warmup", warmup, allow_zero=True)
     times = _arrivals(arrival_rate, arrivals, n, seed)
     step = _step_time(step_time)
+    before = _overhead("request_overhead", request_overhead, step_time)
+    after = _overhead("response_overhead", response_overhead, step_time)
 
     # The most a request ever holds in the cache: prompt + output - 1 (its last token is never fed back).
     footprint = prompt + output - 1
@@ -203,12 +225,13 @@ def simulate_llm(
                 f"max_num_batched_tokens ({budget}) is below the longest prefill ({longest_prefill} tokens), "
                 "which must fit one step when prefills are not chunked; raise it or allow chunked_prefill")
 
-    engine = LLMEngine(prompt.tolist(), output.tolist(), times.tolist(), max_num_seqs=max_num_seqs,
+    ready = times + before if before else times     # when each request may first be scheduled
+    engine = LLMEngine(prompt.tolist(), output.tolist(), ready.tolist(), max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
                        prefill_first=bool(prefill_first), static=scheduling == "static")
     engine.run(step, None if callable(step_time) else float(step_time))
-    return _result(engine, times, num_blocks, block_size, int(warmup * n))
+    return _result(engine, times, num_blocks, block_size, int(warmup * n), before, after)
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -240,6 +263,15 @@ def _arrivals(arrival_rate: float | None, arrivals: Sequence[float] | np.ndarray
     return np.random.default_rng(seed).exponential(1.0 / rate, n).cumsum()
 
 
+def _overhead(name: str, value: float | None, step_time: StepTime) -> float:
+    if value is None:
+        value = getattr(step_time, name, 0.0)
+        if value is None:
+            return 0.0
+        name = f"step_time.{name}"
+    return check_number(name, value, positive=False)
+
+
 def _step_time(step_time: StepTime) -> Callable[[int, int, int], float]:
     if callable(step_time):
         probe = step_time(1, 0, 1)    # fail before anything runs if it cannot be called as documented
@@ -249,9 +281,10 @@ def _step_time(step_time: StepTime) -> Callable[[int, int, int], float]:
     return lambda prefill, decode, kv: seconds
 
 
-def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int) -> LLMResult:
+def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int,
+            request_overhead: float, response_overhead: float) -> LLMResult:
     first = np.array(e.first_token)
-    finish = np.array(e.finish_time)
+    finish = np.array(e.finish_time) + response_overhead
     generated = np.array(e.generated)
     end, dt, prefill, decode, kv_tokens, kv_blocks = _steps(e)
     max_tbt = _max_token_gaps(e, end[decode > 0])
@@ -267,7 +300,8 @@ def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int,
         kv_occupancy=(float(slots_time / (num_blocks * block_size * makespan))
                       if num_blocks != math.inf and makespan > 0 else math.nan),
         warmup=skip, steps_end=end, steps_prefill_tokens=prefill, steps_decode_seqs=decode,
-        steps_kv_tokens=kv_tokens, steps_kv_slots=kv_blocks * block_size)
+        steps_kv_tokens=kv_tokens, steps_kv_slots=kv_blocks * block_size, request_overhead=request_overhead,
+        response_overhead=response_overhead)
 
 
 def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
