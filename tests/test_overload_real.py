@@ -179,9 +179,22 @@ def test_ray_serve_refuses_past_max_queued_requests_with_back_pressure(tmp_path)
         assert len(errors) >= 3, f"a burst of {burst} into a held replica with max_queued_requests=1: {errors}"
         for error in errors:  # Serve's BackPressureError, named by the stage whose queue was full
             assert error.stage == "slow" and isinstance(error.__cause__, BackPressureError)
-        gate.unlink()
-        opener = threading.Timer(1.0, gate.touch)
+        gate.unlink()  # shut again: the load generator's burst, counted by it as refused
+        sent: list = []
+
+        class Recorded:  # the server, with every future the load generator gets kept to watch
+            def submit(self, item):
+                sent.append(served.submit(item))
+                return sent[-1]
+
+        def open_after_three_refusals() -> None:
+            deadline = time.monotonic() + 60
+            while sum(f.done() for f in list(sent)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            gate.touch()
+
+        opener = threading.Thread(target=open_after_three_refusals)
         opener.start()
-        report = run_open_loop(served, [0.0] * burst, make_item=lambda i: {"text": f"y{i}"})
+        report = run_open_loop(Recorded(), [0.0] * burst, make_item=lambda i: {"text": f"y{i}"})
         opener.join()
         assert report.failed == 0 and report.refused >= 3 and report.refused + len(report.latencies) == burst

@@ -413,14 +413,9 @@ def batch_by_batch(
 
     reports: list[tuple[float, int, float, int]] = []  # AIMD: (end, batch, duration, size) not yet observed
     learned_at = -math.inf  # when the policy last observed a batch: a cap it changed applies from then on
-    # The loop runs once per batch, hundreds of thousands of times in a planner's search: what does not change
-    # between batches is looked up once (a fixed cap never changes; only an AIMD's moves).
-    start_time, take, bisect_right, heapreplace = policy.start_time, policy.take, bisect.bisect_right, heapq.heapreplace
-    learning = policy.controller is not None
-    fixed_cap = policy.cap
     i = 0
     while True:
-        cap = policy.cap if learning else fixed_cap
+        cap = policy.cap
         if not shedding:
             if i >= n:
                 break
@@ -440,7 +435,7 @@ def batch_by_batch(
             else:  # until a batch starts the queue only grows, so the next arrivals are admitted up to the limit
                 later = decided + cap - queued - 1
                 full_at = arrival_list[later] if cap <= limit and later < n else math.inf
-        start = max(start_time(free_at[0], arrival_list[i], full_at), learned_at)
+        start = max(policy.start_time(free_at[0], arrival_list[i], full_at), learned_at)
         if reports and reports[0][0] <= start:
             # A batch finished before this one could start: the policy hears how long it took first (as the
             # real batcher's worker does when its batch returns), and the start is worked out again.
@@ -461,19 +456,19 @@ def batch_by_batch(
             size = policy.take(len(waiting) - head)
             head += size
         else:
-            size = take(bisect_right(arrival_list, start, i) - i)
+            size = policy.take(bisect.bisect_right(arrival_list, start, i) - i)
         if deterministic:
             duration = service_of.get(size)
             if duration is None:
                 duration = service_of[size] = s(size)
         else:
             duration = s(size)
-        if learning:  # an AIMD learns a batch's time when it finishes, not when it forms
+        if policy.controller is not None:  # an AIMD learns a batch's time when it finishes, not when it forms
             heapq.heappush(reports, (start + duration, len(batch_first), duration, size))
         batch_first.append(i)
         batch_start.append(start)
         batch_end.append(start + duration)
         batch_cap.append(-1 if cap is None else cap)
-        heapreplace(free_at, start + duration)  # the server free first takes the batch
+        heapq.heapreplace(free_at, start + duration)  # the server free first takes the batch
         i += size
     return np.array(batch_first), np.array(batch_start), np.array(batch_end), np.array(batch_cap)
