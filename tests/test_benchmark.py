@@ -85,6 +85,34 @@ def test_growing_bracket_never_runs_far_above_a_rate_that_met_the_target():
         find_capacity(measure, 10, 70, p99_target=0.1, growth=1)
 
 
+def test_a_bracket_started_near_the_edge_finds_what_the_climb_from_low_finds():
+    def edge_at(limit: float):
+        visited: list[float] = []
+
+        def measure(rate: float) -> RateResult:
+            visited.append(rate)
+            return fake_result(rate, p99=0.05 if rate <= limit else 0.2)
+        return measure, visited
+
+    for limit in (5, 10, 35, 100, 700, 5_000):  # below low, at low, below start, above it, near high, above high
+        climb, _ = edge_at(limit)
+        expected = find_capacity(climb, 10, 1280, p99_target=0.1, growth=2, resolution=0.3)
+        for start in (10, 80, 640):
+            measure, visited = edge_at(limit)
+            got = find_capacity(measure, 10, 1280, p99_target=0.1, growth=2, resolution=0.3, start=start)
+            assert (got.meets, got.fails) == (expected.meets, expected.fails), (limit, start)
+            assert visited[0] == start and len(visited) == len(set(visited))
+            # it shrinks by growth from start until a rate meets (or low misses), then climbs or bisects
+            shrink = [start]
+            while shrink[-1] > limit and shrink[-1] > 10:
+                shrink.append(shrink[-1] / 2)
+            assert visited[:len(shrink)] == shrink, (limit, start, visited)
+    with pytest.raises(ValueError, match="start needs growth"):
+        find_capacity(climb, 10, 1280, p99_target=0.1, start=80)
+    with pytest.raises(ValueError, match="start must be at least low and below high"):
+        find_capacity(climb, 10, 1280, p99_target=0.1, growth=2, start=1280)
+
+
 def test_a_missed_repetition_ends_the_rate():
     def slow(items):
         time.sleep(0.01)

@@ -150,22 +150,51 @@ def test_triton_refuses_a_full_queue_as_triton_reports_it(tmp_path):
 
 
 @pytest.mark.ray
-def test_ray_serve_refuses_past_max_queued_requests_with_back_pressure():
+def test_ray_serve_refuses_past_max_queued_requests_with_back_pressure(tmp_path):
+    # The replica holds every request until the test opens the gate (a file), so none is answered while a
+    # burst arrives: one replica takes at most max_ongoing_requests, its caller queues one more, and the rest
+    # of a burst larger than both is refused, however fast the machine.
     from ray.serve.exceptions import BackPressureError
 
     from infergraph_lite.frameworks.ray_serve import RayServeGraph
+    from tests.overload_models import gated_stages
 
-    with RayServeGraph(slow_stages(1), inputs=("text",)) as served:
-        assert served.served["slow"].options["max_queued_requests"] == 1
-        futures = [served.submit({"text": f"x{i}"}) for i in range(12)]
+    gate = tmp_path / "open"
+    with RayServeGraph(gated_stages(str(gate)), inputs=("text",)) as served:
+        options = served.served["slow"].options
+        assert options["max_queued_requests"] == 1
+        burst = options["max_ongoing_requests"] + options["max_queued_requests"] + 3
+        futures = [served.submit({"text": f"x{i}"}) for i in range(burst)]
+        deadline = time.monotonic() + 60  # the refusals come back while the gate is still shut
+        while sum(f.done() for f in futures) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not any(f.done() and f.exception() is None for f in futures), "answered through a shut gate"
+        gate.touch()
         errors = []
         for future in futures:
             try:
                 assert future.result(timeout=120)["slow"] == 2
             except QueueFullError as error:
                 errors.append(error)
-        assert errors, "a burst of 12 into one replica with max_queued_requests=1 was all answered"
+        assert len(errors) >= 3, f"a burst of {burst} into a held replica with max_queued_requests=1: {errors}"
         for error in errors:  # Serve's BackPressureError, named by the stage whose queue was full
             assert error.stage == "slow" and isinstance(error.__cause__, BackPressureError)
-        report = run_open_loop(served, [0.0] * 12, make_item=lambda i: {"text": f"y{i}"})
-        assert report.failed == 0 and report.refused >= 1 and report.refused + len(report.latencies) == 12
+        gate.unlink()  # shut again: the load generator's burst, counted by it as refused
+        sent: list = []
+
+        class Recorded:  # the server, with every future the load generator gets kept to watch
+            def submit(self, item):
+                sent.append(served.submit(item))
+                return sent[-1]
+
+        def open_after_three_refusals() -> None:
+            deadline = time.monotonic() + 60
+            while sum(f.done() for f in list(sent)) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            gate.touch()
+
+        opener = threading.Thread(target=open_after_three_refusals)
+        opener.start()
+        report = run_open_loop(Recorded(), [0.0] * burst, make_item=lambda i: {"text": f"y{i}"})
+        opener.join()
+        assert report.failed == 0 and report.refused >= 3 and report.refused + len(report.latencies) == burst

@@ -277,9 +277,17 @@ class GraphIngress:
         return results
 
 
+# How a replica stops.  close() has cancelled every request before Serve shuts down, so a replica has nothing to
+# drain: Serve's defaults would still have each one sleep a 2 s wait loop before it looks, and a replica whose
+# batch function is still running (it blocks the replica's event loop) is killed only after 20 s.
+SHUTDOWN_WAIT_LOOP_S, SHUTDOWN_TIMEOUT_S = 0.1, 2.0  # Serve's graceful_shutdown_wait_loop_s, _timeout_s
+
 # The classes above as Serve deployments: each node's options are set in RayServeGraph.application().
-STAGE_DEPLOYMENT = serve.deployment(StageReplica)
-INGRESS_DEPLOYMENT = serve.deployment(GraphIngress, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+STAGE_DEPLOYMENT = serve.deployment(StageReplica, graceful_shutdown_wait_loop_s=SHUTDOWN_WAIT_LOOP_S,
+                                    graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S)
+INGRESS_DEPLOYMENT = serve.deployment(GraphIngress, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0},
+                                      graceful_shutdown_wait_loop_s=SHUTDOWN_WAIT_LOOP_S,
+                                      graceful_shutdown_timeout_s=SHUTDOWN_TIMEOUT_S)
 
 
 # --- the graph on a local Ray ---------------------------------------------------------------------------------

@@ -269,6 +269,7 @@ def find_capacity(
     resolution: float = 0.15,
     max_steps: int = 8,
     growth: float | None = None,
+    start: float | None = None,
 ) -> Capacity:
     """Bisect for the highest rate whose :meth:`RateResult.meets` the target, between ``low`` and ``high``.
 
@@ -279,6 +280,11 @@ def find_capacity(
     With ``growth`` (> 1), the bracket is found from below instead: ``low``, ``low * growth``, ... up to
     ``high``, stopping at the first miss, so no rate is ever more than ``growth`` times one that met the
     target (an engine far below ``high`` is not flooded with a backlog it needs minutes to drain).
+    With ``start`` as well (a rate the caller expects to meet, ``low * growth**k``), the bracket starts there:
+    if ``start`` meets, it grows from it as from ``low``; if it misses, it shrinks by ``growth`` (down to
+    ``low``) until a rate meets.  The rates measured are the same grid, so the bracket found is the one the
+    climb from ``low`` finds, without the slow runs far below the edge (at low rates ``min_requests``
+    makes every run long).
 
     >>> fake = lambda rate: RateResult(rate, (LoadReport(np.full(10, rate / 1000), 1.0),), (rate,))
     >>> str(find_capacity(fake, 10, 1000, p99_target=0.1))  # p99 = rate/1000 s, so 100 req/s is the edge
@@ -288,6 +294,11 @@ def find_capacity(
     >>> capacity = find_capacity(fake, 10, 1000, p99_target=0.1, growth=2)
     >>> str(capacity), sorted(capacity.results)
     ('95 req/s (fails at 104)', [10.0, 20.0, 40.0, 80.0, 95.0, 104.0, 113.0, 160.0])
+    >>> for start in (40, 320):  # from below the edge, or above it: the same bracket, fewer rates
+    ...     capacity = find_capacity(fake, 10, 1000, p99_target=0.1, growth=2, start=start)
+    ...     print(capacity, sorted(capacity.results))
+    95 req/s (fails at 104) [40.0, 80.0, 95.0, 104.0, 113.0, 160.0]
+    95 req/s (fails at 104) [80.0, 95.0, 104.0, 113.0, 160.0, 320.0]
     """
     low = check_number("low", low)
     high = check_number("high", high)
@@ -303,10 +314,23 @@ def find_capacity(
 
     if growth is not None and check_number("growth", growth) <= 1:
         raise ValueError(f"growth must be above 1, got {growth!r}")
-    if not meets(low):
-        return Capacity(p99_target, None, low, results)
-    good, bad = low, high
-    if growth is not None:
+    first = low
+    if start is not None:
+        if growth is None:
+            raise ValueError("start needs growth: the bracket grows or shrinks from it by that factor")
+        first = check_number("start", start)
+        if not low <= first < high:
+            raise ValueError(f"start must be at least low and below high, got start={start!r}, low={low!r}, "
+                             f"high={high!r}")
+    good, bad = first, high
+    if not meets(first):
+        while True:  # shrink: the first rate that meets, at most growth below one that missed
+            if good <= low:
+                return Capacity(p99_target, None, low, results)
+            bad, good = good, max(good / growth, low)  # type: ignore[operator]
+            if meets(good):
+                break
+    elif growth is not None:
         while good < high:
             step = min(good * growth, high)
             if not meets(step):
