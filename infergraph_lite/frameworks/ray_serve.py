@@ -207,9 +207,9 @@ class StageReplica:
         self.batching = batching
         self.sizes: collections.Counter[int] = collections.Counter()
         if batching is not None:
-            # @serve.batch wraps run_batch in an object with these setters; its type hints say Callable.
-            self.run_batch.set_max_batch_size(batching["max_batch_size"])  # type: ignore[attr-defined]
-            self.run_batch.set_batch_wait_timeout_s(batching["batch_wait_timeout_s"])  # type: ignore[attr-defined]
+            # @serve.batch wraps run_batch in an object with these setters (Ray's own hints say Callable).
+            self.run_batch.set_max_batch_size(batching["max_batch_size"])
+            self.run_batch.set_batch_wait_timeout_s(batching["batch_wait_timeout_s"])
 
     def run_items(self, items: list[Any]) -> list[Any]:
         """Call the batch function on ``items`` and check it gave one result per item."""
@@ -379,11 +379,11 @@ class RayServeGraph:
         """The Serve application: one bound :class:`StageReplica` per node, composed by a :class:`GraphIngress`."""
         bound = {}
         for name, served in self.served.items():
-            bound[name] = STAGE_DEPLOYMENT.options(  # type: ignore[attr-defined]  # a Deployment, typed as a decorator
+            bound[name] = STAGE_DEPLOYMENT.options(  # a Deployment (Ray's own hints say a decorator)
                 name=name, **served.options).bind(name, served.fn, served.batching)
         order = list(self.plan.order)
         deps = {name: list(self.plan.nodes[name][1]) for name in order}
-        return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(  # type: ignore[attr-defined]
+        return INGRESS_DEPLOYMENT.options(name=self.ingress_name).bind(
             order, deps, bound)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
