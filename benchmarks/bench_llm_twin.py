@@ -2,7 +2,8 @@
 
 For 1 slot and for 8 slots: start llama.cpp on the 12M tiny random model (written locally, nothing downloaded),
 profile its step time right before the runs (``profile_step_time``: decode steps of 1..n sequences and lone
-prefills, fitted to ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens``), take the simulated capacity from
+prefills, fitted to ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*mixed`` over two prompt lengths
+and with requests joining decoding ones), take the simulated capacity from
 ``simulate_llm`` on a saturated batch, then send open-loop Poisson loads at 0.3, 0.5 and 0.7 of it.  Every
 run's requests are replayed through ``simulate_llm`` with the profile: the same prompt and output lengths and
 the actual send times, so both sides see the same arrivals.  Throughput on both sides is output tokens over

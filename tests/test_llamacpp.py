@@ -366,6 +366,26 @@ def test_the_fit_recovers_known_coefficients_and_never_goes_negative():
         fit_step_time([(0, 1, 1, -1.0), (0, 2, 2, 0.1)])
 
 
+def test_the_fit_recovers_the_context_and_mixed_step_terms_exactly():
+    # What llama.cpp measured here (probe, 8 slots): ~7 us per KV token, and a step that prefills beside decodes
+    # paying a second fixed cost.  Decode samples over two context lengths identify d; mixed samples identify e.
+    a, b, c, d, e = 0.005, 0.0018, 0.0018, 7e-6, 0.004
+    rows = [(0, s, s * n, a + b * s + d * s * n) for s in (1, 2, 4, 8) for n in (20, 100)]
+    rows += [(p, 0, p, a + c * p + d * p) for p in (16, 64)]
+    rows += [(p, s, s * 40 + p, a + b * s + c * p + d * (s * 40 + p) + e) for s in (1, 4) for p in (16, 64)]
+    model = fit_step_time(rows, relative=False)
+    assert [model.a, model.b, model.c, model.d, model.e] == pytest.approx([a, b, c, d, e], rel=1e-9)
+    assert model.rmse == pytest.approx(0, abs=1e-12)
+    # The e term applies to a step holding both a prefill and decodes, and to no other.
+    assert model(16, 0, 16) == pytest.approx(a + c * 16 + d * 16)
+    assert model(0, 4, 160) == pytest.approx(a + b * 4 + d * 160)
+    assert model(16, 4, 176) == pytest.approx(a + b * 4 + c * 16 + d * 176 + e)
+    # Without mixed samples the term is not fitted (held at 0), and a context term the data makes negative is held.
+    assert fit_step_time(rows[:10]).e == 0.0
+    falling = [(0, s, s * n, 0.005 + 0.001 * s - 1e-6 * s * n) for s in (1, 4) for n in (10, 100)]
+    assert fit_step_time(falling).d == 0.0
+
+
 def test_a_fitted_model_carries_its_overheads_into_the_simulator():
     from infergraph_lite import simulate_llm
 
@@ -382,7 +402,11 @@ def test_the_profile_measures_the_live_server(server8):
 
     profile = profile_step_time(server8, concurrencies=(1, 4), n_predict=10, prefill_lengths=(8, 128), repeats=1)
     assert sorted(profile.decode) == [1, 4] and sorted(profile.prefill) == [8, 128]
-    assert {s.kind for s in profile.samples} == {"decode", "prefill"}
+    assert {s.kind for s in profile.samples} == {"decode", "prefill", "mixed"}
+    contexts = {s.kv_tokens // s.decode_seqs for s in profile.samples if s.kind == "decode"}
+    assert min(contexts) < 20 and max(contexts) > 96      # the two prompt lengths: decode steps over a context range
+    mixed = [s for s in profile.samples if s.kind == "mixed"]
+    assert all(s.prefill_tokens in (8, 128) and s.decode_seqs in (1, 4) for s in mixed)
     assert all(v >= 0 for v in profile.model.coefficients.values())
     assert profile(0, 4, 100) > 0 and profile.model.n_samples == len(profile.samples)
     # The prefill step is the server's own prompt time; what the client saw beyond it is the request overhead.
@@ -392,3 +416,5 @@ def test_the_profile_measures_the_live_server(server8):
     assert server8.busy_slots() == 0
     with pytest.raises(ValueError, match="n_parallel"):
         profile_step_time(server8, concurrencies=(16,))
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        profile_step_time(server8, prompt_tokens=())

@@ -5,7 +5,12 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
 
 - *decode*: ``c`` requests sent together (same prompt length, same token count) run in lock-step, so the
   ``j``-th inter-token gap of each is one decode step holding ``c`` sequences and ``c x (prompt + j)``
-  tokens of context;
+  tokens of context; measured at two prompt lengths, so the context term is fitted, not extrapolated;
+- *mixed*: a request joins ``c`` decoding ones: the step that prefills it beside their decodes.  llama.cpp here
+  keeps a KV cache per slot (``kv_unified = false``) and cuts a batch into micro-batches with the same number
+  of tokens from every sequence, so such a step runs the prefill as a pass of its own: measured on the 12M
+  model, 4 decodes + a 16-token prefill took 50-53 ms where the decode step alone took 17 and the prefill
+  alone 27-33;
 - *prefill*: one request alone with a ``p``-token prompt: the server's own ``timings.prompt_ms`` is one step
   that prefills ``p`` tokens (and samples the first output token);
 - *overheads*: what the same lone request spent outside that step.  Its client-side time to first token
@@ -14,8 +19,8 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
   notebook 07 makes for Triton's gRPC hop.  Its end-to-end time minus its last token's arrival is the
   *response overhead* (the stream's closing event).
 
-:func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens`` to such rows by least
-squares (numpy only; a coefficient the data would make negative is held at 0), and returns a
+:func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*mixed`` to such rows by
+least squares (numpy only; a coefficient the data would make negative is held at 0), and returns a
 :class:`StepTimeModel`, a callable the simulator takes as it is, carrying the two overheads
 (``simulate_llm`` reads them from it).
 """
@@ -38,7 +43,7 @@ from infergraph_lite.frameworks.llamacpp_model import prompt_of
 
 __all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "fit_step_time", "profile_step_time"]
 
-FEATURES = ("decode_seqs", "prefill_tokens", "kv_tokens")
+FEATURES = ("decode_seqs", "prefill_tokens", "kv_tokens", "mixed")
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,14 @@ class StepSample:
 
 @dataclass(frozen=True)
 class StepTimeModel:
-    """``step_time(prefill_tokens, decode_seqs, kv_tokens) = a + b*decode_seqs + c*prefill_tokens + d*kv_tokens``.
+    """One llama.cpp step: ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*mixed`` seconds.
 
     Seconds per step.  ``kv_tokens`` is the context the step's sequences hold in the KV cache, summed over
-    them.  ``rmse`` is the fit's root-mean-square error over the samples it was fitted to (seconds), and
+    them.  ``mixed`` is 1 for a step that holds both a prefill and decoding sequences, else 0: llama.cpp with a
+    KV cache per slot (``kv_unified = false``, the server's default here) cuts such a step into micro-batches
+    that take the same number of tokens from every sequence, so the prefill runs as a pass of its own and the
+    step pays a second fixed cost ``e``.  ``rmse`` is the fit's root-mean-square error over the samples it was
+    fitted to (seconds), and
     ``worst_relative_error`` its largest |predicted - measured| / measured there.  ``request_overhead`` and
     ``response_overhead`` (seconds) are a request's time outside the steps, before its first step may run and
     after its last token; :func:`~infergraph_lite.simulate_llm` takes them from the model it is given.
@@ -67,12 +76,15 @@ class StepTimeModel:
     0.006
     >>> round(model(100, 0, 100), 6)
     0.012
+    >>> round(StepTimeModel(a=0.002, b=0.001, c=0.0001, e=0.003)(10, 2, 40), 6)    # prefill beside decodes
+    0.008
     """
 
     a: float
     b: float
     c: float
     d: float = 0.0
+    e: float = 0.0
     rmse: float = math.nan
     worst_relative_error: float = math.nan
     n_samples: int = 0
@@ -80,16 +92,18 @@ class StepTimeModel:
     response_overhead: float = 0.0
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
-        return self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens
+        mixed = 1.0 if prefill_tokens > 0 and decode_seqs > 0 else 0.0
+        return self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens + self.e * mixed
 
     @property
     def coefficients(self) -> dict[str, float]:
-        """``{'a': ..., 'b': ..., 'c': ..., 'd': ...}`` (seconds, seconds per sequence, per token, per token)."""
-        return {"a": self.a, "b": self.b, "c": self.c, "d": self.d}
+        """``{'a', 'b', 'c', 'd', 'e'}``: seconds, per sequence, per prompt token, per KV token, per mixed step."""
+        return {"a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e}
 
     def __str__(self) -> str:
         return (f"step = {1e3 * self.a:.3f} ms + {1e3 * self.b:.3f} ms x decode_seqs + "
-                f"{1e3 * self.c:.4f} ms x prefill_tokens + {1e3 * self.d:.5f} ms x kv_tokens "
+                f"{1e3 * self.c:.4f} ms x prefill_tokens + {1e3 * self.d:.5f} ms x kv_tokens + "
+                f"{1e3 * self.e:.3f} ms x mixed "
                 f"(rmse {1e3 * self.rmse:.3f} ms, worst {100 * self.worst_relative_error:.0f} %, "
                 f"{self.n_samples} samples)"
                 + (f"; per request {1e3 * self.request_overhead:.2f} ms before its first step, "
@@ -99,11 +113,12 @@ class StepTimeModel:
 
 def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True
                   ) -> StepTimeModel:
-    """Least-squares fit of ``a + b*decode_seqs + c*prefill_tokens (+ d*kv_tokens)`` to measured steps.
+    """Least-squares fit of ``a + b*decode_seqs + c*prefill_tokens (+ d*kv_tokens) + e*mixed`` to measured steps.
 
-    ``samples`` are :class:`StepSample` or rows ``(prefill_tokens, decode_seqs, kv_tokens, seconds)``.
-    ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes out negative (noise,
-    or a term the samples do not vary) is held at 0 and the rest refitted, so the model never predicts
+    ``samples`` are :class:`StepSample` or rows ``(prefill_tokens, decode_seqs, kv_tokens, seconds)``; a row
+    with both ``prefill_tokens`` and ``decode_seqs`` above 0 is a mixed step (the ``e`` term; without such rows
+    ``e = 0``).  ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes out negative
+    (noise, or a term the samples do not vary) is held at 0 and the rest refitted, so the model never predicts
     that more work takes less time.  ``relative=True`` (default) minimises the squared *relative* error, so a
     2 ms step is fitted as closely as a 200 ms one (plain least squares lets the long prefill steps decide,
     and a one-sequence server's every step would be mispredicted by the misfit at small batches).
@@ -111,8 +126,12 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     >>> rows = [(0, s, s * n, 0.002 + 0.001 * s + 1e-6 * s * n) for s in (1, 2, 4, 8) for n in (10, 200)]
     >>> rows += [(p, 0, p, 0.002 + 5e-5 * p + 1e-6 * p) for p in (16, 64, 256)]
     >>> m = fit_step_time(rows)
-    >>> [round(v * 1e6) for v in (m.a, m.b, m.c, m.d)]      # microseconds
-    [2000, 1000, 50, 1]
+    >>> [round(v * 1e6) for v in (m.a, m.b, m.c, m.d, m.e)]      # microseconds
+    [2000, 1000, 50, 1, 0]
+    >>> rows += [(p, s, p + 20 * s, 0.002 + 0.001 * s + 5e-5 * p + 1e-6 * (p + 20 * s) + 0.003) for s in (1, 4)
+    ...          for p in (16, 64)]
+    >>> round(fit_step_time(rows).e * 1e6)
+    3000
     >>> fit_step_time([])
     Traceback (most recent call last):
     ValueError: samples: need at least 2 measured steps to fit a step time, got 0
@@ -124,9 +143,10 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     if not np.all(np.isfinite(rows)) or np.any(rows < 0):
         raise ValueError("samples: every prefill_tokens, decode_seqs, kv_tokens and seconds must be finite and >= 0")
     prefill, seqs, kv_tokens, seconds = rows.T
-    columns = {"a": np.ones(len(rows)), "b": seqs, "c": prefill, "d": kv_tokens}
-    active = ["a", "b", "c", "d"] if kv else ["a", "b", "c"]
-    active = [k for k in active if k == "a" or np.ptp(columns[k]) > 0 or columns[k].any()]
+    mixed = ((prefill > 0) & (seqs > 0)).astype(float)
+    columns = {"a": np.ones(len(rows)), "b": seqs, "c": prefill, "d": kv_tokens, "e": mixed}
+    active = ["a", "b", "c", "d", "e"] if kv else ["a", "b", "c", "e"]
+    active = [k for k in active if k == "a" or columns[k].any()]
     coef: dict[str, float] = {}
     weight = 1.0 / np.maximum(seconds, 1e-9) if relative else np.ones(len(rows))
     while active:
@@ -137,8 +157,8 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
         if not negative:
             break
         active.remove(min(negative, key=lambda k: coef[k]))    # hold the most negative at 0, refit the rest
-    full = {k: coef.get(k, 0.0) for k in ("a", "b", "c", "d")}
-    predicted = full["a"] + full["b"] * seqs + full["c"] * prefill + full["d"] * kv_tokens
+    full = {k: coef.get(k, 0.0) for k in ("a", "b", "c", "d", "e")}
+    predicted = (full["a"] + full["b"] * seqs + full["c"] * prefill + full["d"] * kv_tokens + full["e"] * mixed)
     rmse = float(np.sqrt(np.mean((predicted - seconds) ** 2)))
     worst = float(np.max(np.abs(predicted - seconds) / np.maximum(seconds, 1e-9)))
     return StepTimeModel(**full, rmse=rmse, worst_relative_error=worst, n_samples=len(rows))
@@ -203,15 +223,20 @@ def _check_counts(name: str, values: Sequence[int], upper: int | None = None) ->
     return values
 
 
-def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None, prompt_tokens: int = 8,
-                      n_predict: int = 32, prefill_lengths: Sequence[int] = (8, 64, 192), repeats: int = 3,
-                      kv: bool = True, timeout: float = 120.0) -> StepTimeProfile:
+def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None,
+                      prompt_tokens: int | Sequence[int] = (8, 96), n_predict: int = 32,
+                      prefill_lengths: Sequence[int] = (8, 64, 192), repeats: int = 3, kv: bool = True,
+                      mixed: bool = True, timeout: float = 120.0) -> StepTimeProfile:
     """Measure llama.cpp's step time against what a step holds, and fit :func:`fit_step_time` to it.
 
     ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (its ``client()`` is
     used) or a :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient`.  ``concurrencies``
     defaults to 1, 2, 4, ... up to the server's ``n_parallel``; each is measured ``repeats`` times with
-    ``c`` requests of ``prompt_tokens`` prompt tokens and ``n_predict`` output tokens sent together.
+    ``c`` requests of each of ``prompt_tokens`` prompt tokens (several lengths, so that the context term is
+    fitted over a range of contexts instead of extrapolated) and ``n_predict`` output tokens sent together.
+    ``mixed=True``: for each concurrency below ``n_parallel``, one more request (a prompt of one of
+    ``prefill_lengths``, in turn) joins ``c`` decoding ones halfway; the step that prefills it beside their
+    decodes is a *mixed* sample (the model's ``e`` term).
     Each of ``prefill_lengths`` is measured ``repeats`` times alone: its step is the server's ``prompt_ms``, and
     the client's time to first token beyond it, and its end beyond the last token, are the model's
     ``request_overhead`` and ``response_overhead`` (medians over all lone requests).  Every request is bounded by
@@ -233,14 +258,16 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
         concurrencies = sorted({min(2 ** k, top) for k in range(top.bit_length() + 1)})
     concurrencies = _check_counts("concurrencies", concurrencies, n_parallel)
     prefill_lengths = _check_counts("prefill_lengths", prefill_lengths)
-    for name, value in (("prompt_tokens", prompt_tokens), ("n_predict", n_predict), ("repeats", repeats)):
+    prompts = _check_counts("prompt_tokens", [prompt_tokens] if isinstance(prompt_tokens, int) else prompt_tokens)
+    for name, value in (("n_predict", n_predict), ("repeats", repeats)):
         _check_counts(name, [value])
     if n_predict < 3:
         raise ValueError(f"n_predict must be >= 3 (the decode gaps after the first are the samples), got {n_predict}")
     if isinstance(server, LlamaCppClient):
         client, own = server, False
     else:
-        client, own = server.client(max_in_flight=max(concurrencies), timeout=timeout), True
+        client, own = server.client(max_in_flight=max(concurrencies) + 1, timeout=timeout), True
+    joins = [c for c in concurrencies if mixed and (n_parallel is None or c < n_parallel)]
     start = time.perf_counter()
     load_before = _load_average()
     samples: list[StepSample] = []
@@ -248,20 +275,29 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     prefill: dict[int, float] = {}
     ttft: dict[int, float] = {}
     try:
-        client.complete(CompletionRequest(prompt_of(prompt_tokens), 4))      # warm-up: caches, threads
+        client.complete(CompletionRequest(prompt_of(prompts[0]), 4))      # warm-up: caches, threads
         # Repeats outermost: each round measures every concurrency and prompt length once, so a change in the
         # machine's load during the profile moves all of them alike instead of one.
-        gaps_by_step: dict[int, list[list[float]]] = {c: [[] for _ in range(n_predict - 1)] for c in concurrencies}
+        gaps_by_step = {(c, q): [[] for _ in range(n_predict - 1)] for c in concurrencies for q in prompts}
         ttfts: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         prompt_steps: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         before: list[float] = []
         after: list[float] = []
-        for _ in range(repeats):
+        for r in range(repeats):
+            halfway: dict[int, float] = {}      # seconds from sending c requests to their n_predict / 2-th token
             for c in concurrencies:
-                done = _together(client, [CompletionRequest(prompt_of(prompt_tokens), n_predict)] * c, timeout)
-                for completion in done:
-                    for j, gap in enumerate(completion.gaps.tolist()):
-                        gaps_by_step[c][j].append(gap)
+                for q in prompts:
+                    done = _together(client, [CompletionRequest(prompt_of(q), n_predict)] * c, timeout)
+                    for completion in done:
+                        for j, gap in enumerate(completion.gaps.tolist()):
+                            gaps_by_step[c, q][j].append(gap)
+                    if q == prompts[0]:
+                        halfway[c] = max(float(d.token_times[n_predict // 2]) for d in done)
+            for c in joins:
+                p = prefill_lengths[r % len(prefill_lengths)]
+                sample = _mixed_step(client, c, prompts[0], n_predict, p, halfway[c], timeout)
+                if sample is not None:
+                    samples.append(sample)
             for p in prefill_lengths:
                 lone = client.complete(CompletionRequest(prompt_of(p), 1))
                 step = _prompt_seconds(lone)
@@ -270,14 +306,15 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                 before.append(lone.ttft - step)
                 after.append(lone.e2e - float(lone.token_times[-1]))
         for c in concurrencies:
-            # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
-            # step of c sequences, each holding prompt + j + 1 tokens.  Four samples per c (medians over runs
-            # of gaps), so that decode steps do not outweigh the few prefill samples in the fit.
-            for steps in np.array_split(np.arange(1, n_predict - 1), min(4, n_predict - 2)):
-                gaps = [g for j in steps.tolist() for g in gaps_by_step[c][j]]
-                context = prompt_tokens + 1 + float(np.mean(steps))
-                samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode"))
-            decode[c] = float(np.median([g for row in gaps_by_step[c][1:] for g in row]))
+            for q in prompts:
+                # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
+                # step of c sequences, each holding q + j + 1 tokens.  Four samples per c and prompt length
+                # (medians over runs of gaps), so that decode steps do not outweigh the few prefill samples.
+                for steps in np.array_split(np.arange(1, n_predict - 1), min(4, n_predict - 2)):
+                    gaps = [g for j in steps.tolist() for g in gaps_by_step[c, q][j]]
+                    context = q + 1 + float(np.mean(steps))
+                    samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode"))
+            decode[c] = float(np.median([g for row in gaps_by_step[c, prompts[0]][1:] for g in row]))
         for p in prefill_lengths:
             prefill[p] = float(np.median(prompt_steps[p]))
             ttft[p] = float(np.median(ttfts[p]))
@@ -289,6 +326,26 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                     response_overhead=max(0.0, float(np.median(after))))
     return StepTimeProfile(model=model, samples=tuple(samples), decode=decode, prefill=prefill, ttft=ttft,
                            elapsed=time.perf_counter() - start, load_average=(load_before, _load_average()))
+
+
+def _mixed_step(client: LlamaCppClient, c: int, prompt: int, n_predict: int, p: int, wait_s: float,
+                timeout: float) -> StepSample | None:
+    # c requests decode; after wait_s (about halfway through their n_predict tokens) one with a p-token prompt
+    # joins.  The step that prefills it ends with its first token and with one token of each decoding request:
+    # a decoding request's gap ending there is that step.  None if no token of theirs ends within 3 ms of it.
+    running = [client.submit(CompletionRequest(prompt_of(prompt), 2 * n_predict)) for _ in range(c)]
+    time.sleep(wait_s)
+    joiner = client.submit(CompletionRequest(prompt_of(p), 1))
+    _, not_done = wait([*running, joiner], timeout=timeout)
+    if not_done:
+        raise TimeoutError(f"{len(not_done)} of {c + 1} profiling requests did not finish in {timeout:.0f} s")
+    first = running[0].result()
+    times = first.sent_at + first.token_times
+    joined_at = joiner.result().sent_at + joiner.result().ttft
+    i = int(np.argmin(np.abs(times - joined_at)))
+    if i < 2 or abs(times[i] - joined_at) > 3e-3:
+        return None
+    return StepSample(p, c, c * (prompt + i + 1) + p, float(times[i] - times[i - 1]), "mixed")
 
 
 def _prompt_seconds(done: Completion) -> float:
