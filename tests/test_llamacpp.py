@@ -402,7 +402,9 @@ def test_the_profile_measures_the_live_server(server8):
 
     profile = profile_step_time(server8, concurrencies=(1, 4), n_predict=10, prefill_lengths=(8, 128), repeats=1)
     assert sorted(profile.decode) == [1, 4] and sorted(profile.prefill) == [8, 128]
-    assert {s.kind for s in profile.samples} == {"decode", "prefill", "mixed"}
+    # A mixed sample needs a decoding request's token and the joiner's first within 3 ms of each other; on a loaded
+    # machine the streams can miss that for every try, so its absence is allowed, its shape is not.
+    assert {"decode", "prefill"} <= {s.kind for s in profile.samples} <= {"decode", "prefill", "mixed"}
     contexts = {s.kv_tokens // s.decode_seqs for s in profile.samples if s.kind == "decode"}
     assert min(contexts) < 20 and max(contexts) > 96      # the two prompt lengths: decode steps over a context range
     mixed = [s for s in profile.samples if s.kind == "mixed"]

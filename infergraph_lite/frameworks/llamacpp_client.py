@@ -73,7 +73,7 @@ class Completion:
 
     @property
     def done_at(self) -> float:
-        """``time.perf_counter()`` when the last token arrived (``sent_at + e2e``)."""
+        """``time.perf_counter()`` when the stream ended (``sent_at + e2e``; its last token came a little before)."""
         return self.sent_at + self.e2e
 
     @property

@@ -278,7 +278,8 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
         client.complete(CompletionRequest(prompt_of(prompts[0]), 4))      # warm-up: caches, threads
         # Repeats outermost: each round measures every concurrency and prompt length once, so a change in the
         # machine's load during the profile moves all of them alike instead of one.
-        gaps_by_step = {(c, q): [[] for _ in range(n_predict - 1)] for c in concurrencies for q in prompts}
+        gaps_by_step: dict[tuple[int, int], list[list[float]]] = {
+            (c, q): [[] for _ in range(n_predict - 1)] for c in concurrencies for q in prompts}
         ttfts: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         prompt_steps: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         before: list[float] = []

@@ -51,7 +51,13 @@ class HopCalibration:
     alone); ``round_trip`` each stage's median service time as its batcher saw it (for worker processes:
     the pipe, pickling and the work), ``outside`` the rest of a hop, spread evenly over the stages (the
     parent's hand-off: a thread woken, a callback, the next submit).  ``hop_delay`` is per stage
-    ``round_trip - its CPU work + outside``; with it the twin's lone latency is ``lone_latency``.
+    ``round_trip - its CPU work + outside``; with it the twin's lone latency is ``lone_latency``.  A noisy
+    calibration can put a part below zero (a lone median under the round trips' sum): ``outside`` and each
+    ``hop_delay`` are then held at 0, so the twin never runs a request backwards in time, and ``clamped``
+    says it happened (the lone latency is then not reproduced exactly).
+
+    The hop delay occupies no server, but a worker process is busy for its whole round trip: the twin with
+    these delays gives each stage the capacity of its CPU work alone, above what the real stage has.
     """
 
     lone_latency: float
@@ -59,6 +65,7 @@ class HopCalibration:
     round_trip: dict[str, float]
     outside: float
     hop_delay: dict[str, float]
+    clamped: bool = False
 
     @property
     def per_hop(self) -> float:
@@ -101,9 +108,11 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     twin_lone = float(np.median(alone.latencies))
     work = {name: stage.service_time(1) if callable(stage.service_time) else float(stage.service_time)
             for name, (stage, _) in twin.items()}
-    outside = (lone - twin_lone - sum(round_trip[n] - work[n] for n in twin)) / len(twin)
-    hop_delay = {name: max(round_trip[name] - work[name] + outside, 0.0) for name in twin}
-    return HopCalibration(lone, twin_lone, round_trip, outside, hop_delay)
+    raw_outside = (lone - twin_lone - sum(round_trip[n] - work[n] for n in twin)) / len(twin)
+    raw = {name: round_trip[name] - work[name] + raw_outside for name in twin}
+    clamped = raw_outside < 0 or any(d < 0 for d in raw.values())
+    hop_delay = {name: max(d, 0.0) for name, d in raw.items()}
+    return HopCalibration(lone, twin_lone, round_trip, max(raw_outside, 0.0), hop_delay, clamped)
 
 
 def recorded_twin(records: Mapping[str, Sequence[Any]],

@@ -273,18 +273,18 @@ def find_capacity(
 ) -> Capacity:
     """Bisect for the highest rate whose :meth:`RateResult.meets` the target, between ``low`` and ``high``.
 
-    ``measure(rate)`` runs one rate (e.g. a :func:`measure_rate` closure).  ``low`` is measured first: if
-    it misses, the answer is "below ``low``".  Then ``high``: if it meets, "at least ``high``" (the top of
-    the range is never reported as the capacity).  Otherwise the geometric midpoint of the bracket is
-    measured until ``fails / meets <= 1 + resolution`` or ``max_steps`` midpoints have run.
+    ``measure(rate)`` runs one rate (e.g. a :func:`measure_rate` closure).  ``low`` (or ``start``, below) is
+    measured first: if it misses, the answer is "below ``low``".  Then ``high``: if it meets, "at least
+    ``high``" (the top of the range is never reported as the capacity).  Otherwise the geometric midpoint of
+    the bracket is measured until ``fails / meets <= 1 + resolution`` or ``max_steps`` midpoints have run.
     With ``growth`` (> 1), the bracket is found from below instead: ``low``, ``low * growth``, ... up to
     ``high``, stopping at the first miss, so no rate is ever more than ``growth`` times one that met the
     target (an engine far below ``high`` is not flooded with a backlog it needs minutes to drain).
     With ``start`` as well (a rate the caller expects to meet, ``low * growth**k``), the bracket starts there:
     if ``start`` meets, it grows from it as from ``low``; if it misses, it shrinks by ``growth`` (down to
-    ``low``) until a rate meets.  The rates measured are the same grid, so the bracket found is the one the
-    climb from ``low`` finds, without the slow runs far below the edge (at low rates ``min_requests``
-    makes every run long).
+    ``low``) until a rate meets.  With ``start`` on that grid the rates measured are the climb's own, so the
+    bracket found is the one the climb from ``low`` finds, without the slow runs far below the edge (at low
+    rates ``min_requests`` makes every run long); a ``start`` off the grid measures a grid of its own.
 
     >>> fake = lambda rate: RateResult(rate, (LoadReport(np.full(10, rate / 1000), 1.0),), (rate,))
     >>> str(find_capacity(fake, 10, 1000, p99_target=0.1))  # p99 = rate/1000 s, so 100 req/s is the edge
