@@ -20,8 +20,9 @@ on.  Thread mode's saturated throughput against the one-process bound 1 / (sum o
 request), which the interpreter lock imposes; process mode's against thread mode's (target >= 1.6x on 2
 cores) and its mean / p99 against the calibrated twin's below 70 % of capacity (within 15 % / 25 %, three
 repetitions, min-max shown).  What the mean takes above the CPU-only twin is split three ways, measured: the
-hops (the calibration), core contention (the twin rebuilt from the service times the stages recorded in
-that run, ``recorded_twin``, minus the calibrated twin) and the rest (the measured mean minus that), with
+hops (the calibration), busy workers (the twin rebuilt from the service times the stages recorded in
+that run, ``recorded_twin``, minus the calibrated twin: a worker is occupied for its whole round trip, which the
+hop delay does not hold, and under load longer still, waiting for a core) and the rest (the measured mean minus that), with
 this process's CPU per request.  Both modes run interleaved, so a change in the machine's load hits both.
 Printed first: the load average and how many cores two busy processes get right now (``cores_available``);
 a target that needs two free cores cannot be confirmed when they are not there, and the verdict says so.
@@ -203,8 +204,8 @@ def threads_vs_processes() -> None:
         parts.append([f"{load:.2f}", span(got["hops"]), span(got["contention"]), span(got["rest"]),
                       span(got["parent"])])
     table("Where the mean goes above the CPU-only twin, ms per request (median [min-max] of 3): hops (lone-request "
-          "calibration), core contention (service times recorded in the run), the rest (outside the stages, "
-          "under load)", ["load", "hops", "core contention", "the rest", "parent CPU ms/request"], parts)
+          "calibration), busy workers (service times recorded in the run), the rest (outside the stages, "
+          "under load)", ["load", "hops", "busy workers", "the rest", "parent CPU ms/request"], parts)
     for load in CPU_LOADS:
         means, p99s = latency[load]["mean"], latency[load]["p99"]
         targets.append([f"processes: measured / twin mean, load {load:.2f}", span(means), "within 15 %",
