@@ -22,8 +22,9 @@ cores) and its mean / p99 against the calibrated twin's below 70 % of capacity (
 repetitions, min-max shown).  What the mean takes above the CPU-only twin is split three ways, measured: the
 hops (the calibration), busy workers (the twin rebuilt from the service times the stages recorded in
 that run, ``recorded_twin``, minus the calibrated twin: a worker is occupied for its whole round trip, which the
-hop delay does not hold, and under load longer still, waiting for a core) and the rest (the measured mean minus that), with
-this process's CPU per request.  Both modes run interleaved, so a change in the machine's load hits both.
+hop delay does not hold, and under load longer still, waiting for a core) and the rest (the measured mean
+minus that), with this process's CPU per request.  Both modes run interleaved, so a change in the machine's
+load hits both.
 Printed first: the load average and how many cores two busy processes get right now (``cores_available``);
 a target that needs two free cores cannot be confirmed when they are not there, and the verdict says so.
 
