@@ -40,7 +40,6 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
 
 import numpy as np
 from _timing import machine, table, verdict
@@ -48,7 +47,7 @@ from _timing import machine, table, verdict
 from infergraph_lite.core.stage import prepare_stages
 from infergraph_lite.lessons.examples import cpu_bound_stages, text_pipeline_stages, trained_text_models
 from infergraph_lite.lessons.models import load_texts
-from infergraph_lite.lessons.twins import calibrate_hops, recorded_twin
+from infergraph_lite.lessons.twins import calibrate_hops, recorded_twin, service_table
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.loadtest import ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
 from infergraph_lite.serving.stage_workers import cores_available
@@ -79,13 +78,6 @@ def plausible(profile: ServiceProfile) -> bool:
     """Never faster for a bigger batch, never clearly dearer per request than a batch of one."""
     per_request = profile.seconds / profile.sizes
     return profile.monotonic and bool(np.all(per_request <= 1.3 * per_request[0]))
-
-
-def service_table(sizes: Any, seconds: Any) -> Any:
-    """Interpolated s(b), evened out: never dearer per request than b = 1, never cheaper than a smaller batch."""
-    sizes, seconds = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
-    seconds = np.maximum.accumulate(np.minimum(seconds, seconds[0] * sizes / sizes[0]))
-    return lambda b: float(np.interp(b, sizes, seconds))
 
 
 def build_twin(stages: dict, documents: list[str]) -> tuple[dict, dict[str, int]]:
