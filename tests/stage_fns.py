@@ -44,3 +44,13 @@ def unpicklable_answers(items: list[Any]) -> list[Any]:
 
 def raise_system_exit(items: list[Any]) -> list[Any]:
     raise SystemExit("a model called exit()")
+
+
+def spin_then_nap(items: list[Any], spin: float, nap: float) -> list[Any]:
+    """``spin`` CPU seconds per item of pure-Python busy work, then a ``nap`` s sleep (no CPU) per batch."""
+    for _ in items:
+        deadline = time.thread_time() + spin
+        while time.thread_time() < deadline:
+            pass
+    time.sleep(nap)
+    return items

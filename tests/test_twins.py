@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from infergraph_lite.core.stage import Stage
-from infergraph_lite.lessons.twins import calibrate_hops, recorded_twin, service_table
+from infergraph_lite.lessons.twins import HopCalibration, calibrate_hops, recorded_twin, service_table
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.metrics import RequestRecord
 from infergraph_lite.simulation.graph import simulate_graph
@@ -30,10 +30,56 @@ def test_the_calibrated_twin_predicts_the_lone_median_exactly_and_hops_are_what_
     assert hops.lone_latency > hops.twin_latency  # a sleep never wakes early, and a hop costs something
     for name in stages:
         assert hops.round_trip[name] >= 0.003  # the batcher's view of the batch includes the nap
-        assert hops.hop_delay[name] == pytest.approx(hops.round_trip[name] - 0.003 + hops.outside)
+        assert hops.work[name] == 0.003  # the twin's work
+        assert hops.trip[name] == pytest.approx(hops.round_trip[name] - 0.003)
+        assert hops.hop_delay[name] == pytest.approx(hops.trip[name] + hops.outside)
     predicted = simulate_graph(twin, None, arrivals=np.arange(10) * 1.0, warmup=0.0, hop_delay=hops.hop_delay)
     assert np.median(predicted.latencies) == pytest.approx(hops.lone_latency, abs=1e-12)
     assert hops.per_hop == pytest.approx((hops.lone_latency - 0.006) / 2, abs=1e-12)
+    # The trip as occupancy instead of a delay: a lone request takes the same time
+    occupied = simulate_graph(hops.occupying(twin), None, arrivals=np.arange(10) * 1.0, warmup=0.0,
+                              hop_delay=hops.outside)
+    assert np.median(occupied.latencies) == pytest.approx(hops.lone_latency, abs=1e-12)
+
+
+def spin(items):
+    """About 2 ms of pure-Python CPU work per item."""
+    for _ in items:
+        deadline = time.thread_time() + 0.002
+        while time.thread_time() < deadline:
+            pass
+    return items
+
+
+def test_calibrated_on_the_recorded_work_a_round_trip_never_looks_shorter_than_its_work():
+    # A twin whose work is badly off (a profile taken on a busier machine): work_from="records" measures the hop
+    # above the CPU seconds the server recorded for the same batches instead
+    stages = {"a": (Stage(fn=spin), ["request"]), "b": (Stage(fn=spin), ["a"])}
+    inflated = {name: (Stage(service_time=0.005), deps) for name, (_, deps) in stages.items()}
+    with GraphServer(stages) as server:
+        hops = calibrate_hops(server, inflated, lambda i: {"request": i}, n_requests=20, work_from="records")
+        records = server.stage_records()
+    for name in stages:
+        assert 0.002 <= hops.work[name] < 0.004           # the CPU seconds the function used, where it ran
+        assert 0.0 <= hops.trip[name] < hops.work[name]   # wall time never falls short of the CPU time in it
+    assert not hops.clamped
+    worked = recorded_twin(records, inflated, measure="work")
+    predicted = simulate_graph(worked, None, arrivals=np.arange(10) * 1.0, warmup=0.0, hop_delay=hops.hop_delay)
+    assert np.median(predicted.latencies) == pytest.approx(hops.lone_latency, abs=1e-12)
+    with GraphServer(stages) as server:
+        naive = calibrate_hops(server, inflated, lambda i: {"request": i}, n_requests=5)
+        with pytest.raises(ValueError, match="work_from must be"):
+            calibrate_hops(server, inflated, lambda i: {"request": i}, n_requests=5, work_from="profile")
+    assert naive.clamped and min(naive.trip.values()) < 0  # against the inflated twin the trips look negative
+
+
+def test_occupying_adds_each_stage_trip_to_every_batch_of_any_service_time_shape():
+    twin = {"a": (Stage(service_time=(1.0, 0.5)), ["request"]), "b": (Stage(service_time=2.0), ["a"])}
+    hops = HopCalibration(0.0, 0.0, {}, 0.0, {}, trip={"a": 0.25, "b": -1.0})
+    occupied = hops.occupying(twin)
+    assert occupied["a"][0].service_time(2) == pytest.approx(2.25)
+    assert occupied["b"][0].service_time(3) == pytest.approx(2.0)  # a negative trip (noise) adds nothing
+    assert occupied["b"][1] == ["a"]
 
 
 def test_calibrate_hops_refuses_a_bad_count():
@@ -50,6 +96,13 @@ def test_recorded_twin_uses_each_size_median_and_names_a_silent_stage():
     assert [twin["b"][0].service_time(b) for b in (1, 3, 4)] == pytest.approx([4 / 3, 4.0, 4.0])
     with pytest.raises(ValueError, match="stage 'b' recorded no requests"):
         recorded_twin({"a": rows, "b": []}, base)
+    with pytest.raises(ValueError, match="stage 'a' has records without a work"):
+        recorded_twin({"a": rows, "b": [RequestRecord(0.0, 4.0, 3)]}, base, measure="work")
+    with pytest.raises(ValueError, match="measure must be"):
+        recorded_twin({"a": rows, "b": rows}, base, measure="latency")
+    worked = recorded_twin({"a": [RequestRecord(0.0, 3.0, 2, 1.5)], "b": [RequestRecord(0.0, 4.0, 3, 2.0)]}, base,
+                           measure="work")
+    assert worked["a"][0].service_time(2) == 1.5 and worked["b"][0].service_time(3) == 2.0
 
 
 def test_service_table_is_never_dearer_per_request_than_one_nor_cheaper_than_a_smaller_batch():

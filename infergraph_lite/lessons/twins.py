@@ -48,16 +48,18 @@ class HopCalibration:
     """What lone requests through a real server showed, against its twin (seconds).
 
     ``lone_latency`` is their median end to end, ``twin_latency`` the twin's for a lone request (the work
-    alone); ``round_trip`` each stage's median service time as its batcher saw it (for worker processes:
-    the pipe, pickling and the work), ``outside`` the rest of a hop, spread evenly over the stages (the
-    parent's hand-off: a thread woken, a callback, the next submit).  ``hop_delay`` is per stage
-    ``round_trip - its CPU work + outside``; with it the twin's lone latency is ``lone_latency``.  A noisy
-    calibration can put a part below zero (a lone median under the round trips' sum): ``outside`` and each
-    ``hop_delay`` are then held at 0, so the twin never runs a request backwards in time, and ``clamped``
-    says it happened (the lone latency is then not reproduced exactly).
+    alone).  Per stage: ``round_trip`` is the median service time as its batcher saw it (for worker
+    processes: the pipe, pickling and the work), ``work`` the work of a lone request the hop is measured
+    above (the twin's ``service_time(1)``, or the CPU seconds the server recorded) and ``trip`` the round
+    trip's excess over it.  ``outside`` is the rest of a
+    hop, spread evenly over the stages (the parent's hand-off: a thread woken, a callback, the next submit).
+    ``hop_delay`` is per stage ``trip + outside``; with it the twin's lone latency is ``lone_latency``.  A
+    noisy calibration can put a part below zero (a lone median under the round trips' sum): ``outside`` and
+    each ``hop_delay`` are then held at 0, so the twin never runs a request backwards in time, and
+    ``clamped`` says it happened (the lone latency is then not reproduced exactly).
 
-    The hop delay occupies no server, but a worker process is busy for its whole round trip: the twin with
-    these delays gives each stage the capacity of its CPU work alone, above what the real stage has.
+    As a pure delay the trip occupies no server, though a worker process is busy for its whole round trip:
+    :meth:`occupying` puts it into each batch's service time instead, and leaves ``outside`` as the delay.
     """
 
     lone_latency: float
@@ -66,21 +68,56 @@ class HopCalibration:
     outside: float
     hop_delay: dict[str, float]
     clamped: bool = False
+    work: dict[str, float] = dataclasses.field(default_factory=dict)
+    trip: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def per_hop(self) -> float:
         """The mean hop delay per stage entered."""
         return statistics.fmean(self.hop_delay.values())
 
+    def occupying(self, twin: Mapping[str, tuple[Any, Sequence[str]]]) -> dict[str, tuple[Any, Sequence[str]]]:
+        """``twin`` with each stage's ``trip`` added to every batch's service time: the worker is busy for it.
+
+        Simulate it with ``hop_delay=calibration.outside``: a lone request then takes what it takes with
+        ``hop_delay=calibration.hop_delay``, and under load a queue grows behind the round trips too.
+
+        >>> from infergraph_lite.core.stage import Stage
+        >>> hops = HopCalibration(0.0, 0.0, {"a": 0.003}, 0.0, {"a": 0.001}, work={"a": 0.002}, trip={"a": 0.001})
+        >>> hops.occupying({"a": (Stage(service_time=0.002), ["request"])})["a"][0].service_time(4)
+        0.003
+        """
+        result = {}
+        for name, (stage, deps) in twin.items():
+            base, extra = _as_function(stage.service_time), max(self.trip.get(name, 0.0), 0.0)
+            result[name] = (dataclasses.replace(stage, service_time=lambda b, base=base, extra=extra: base(b) + extra),
+                            deps)
+        return result
+
+
+def _as_function(service_time: Any) -> Callable[[float], float]:
+    # A stage's service_time as s(b): a number or an (a, b) pair become the same constant / linear function
+    if callable(service_time):
+        return service_time
+    if isinstance(service_time, tuple):
+        fixed, per_item = service_time
+        return lambda b: fixed + per_item * b
+    return lambda b: float(service_time)
+
 
 def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], make_item: Callable[[int], Any],
-                   n_requests: int = 100, inputs: Sequence[str] = ("request",)) -> HopCalibration:
+                   n_requests: int = 100, inputs: Sequence[str] = ("request",), *,
+                   work_from: str = "twin") -> HopCalibration:
     """Send ``n_requests`` lone requests (one client, closed loop) and measure each stage's hop delay.
 
     ``server`` is a warm :class:`~infergraph_lite.serving.graph_server.GraphServer` serving the graph whose
-    ``twin`` (the same dict with CPU-time ``service_time`` s) is given.  Light load only: nothing queues, so
-    what a lone request takes above the twin's latency is hand-off, not waiting.  For a chain every request
-    enters every stage, so the twin with ``hop_delay=calibration.hop_delay`` predicts the lone median exactly.
+    ``twin`` (the same dict with ``service_time`` s) is given.  Light load only: nothing queues, so what a
+    lone request takes above the twin's latency is hand-off, not waiting.  The work a hop is measured above is
+    the twin's ``service_time(1)``, or with ``work_from="records"`` the CPU seconds the server recorded for these
+    very batches, where they ran (``recorded_twin(..., measure="work")``): then a profile taken at another
+    moment, on a machine whose load changed since, cannot make a round trip look shorter than its work.  For a
+    chain every request enters every stage, so that twin with ``hop_delay=calibration.hop_delay`` predicts
+    the lone median exactly.
 
     >>> import time
     >>> from infergraph_lite.core.stage import Stage
@@ -96,6 +133,8 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     (0.004, ['a', 'b'], True)
     """
     n_requests = check_count("n_requests", n_requests)
+    if work_from not in ("twin", "records"):
+        raise ValueError(f"calibrate_hops: work_from must be 'twin' or 'records', got {work_from!r}")
     marks = {name: len(rows) for name, rows in server.stage_records().items()}
     report = run_closed_loop(server, n_clients=1, n_requests=n_requests, make_item=make_item)
     if report.failed or report.refused or len(report.latencies) == 0:
@@ -104,38 +143,50 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     lone = float(np.median(report.latencies))
     records = {name: rows[marks[name]:] for name, rows in server.stage_records().items()}
     round_trip = {name: float(np.median([r.service_time for r in records[name]])) for name in twin}
-    alone = simulate_graph(twin, None, arrivals=np.arange(50) * 1e3, warmup=0.0, inputs=inputs)
+    base = recorded_twin(records, twin, measure="work") if work_from == "records" else twin
+    alone = simulate_graph(base, None, arrivals=np.arange(50) * 1e3, warmup=0.0, inputs=inputs)
     twin_lone = float(np.median(alone.latencies))
-    work = {name: stage.service_time(1) if callable(stage.service_time) else float(stage.service_time)
-            for name, (stage, _) in twin.items()}
-    raw_outside = (lone - twin_lone - sum(round_trip[n] - work[n] for n in twin)) / len(twin)
-    raw = {name: round_trip[name] - work[name] + raw_outside for name in twin}
+    work = {name: _as_function(stage.service_time)(1) for name, (stage, _) in base.items()}
+    trip = {name: round_trip[name] - work[name] for name in twin}
+    # What the lone requests took beyond their stages' round trips, per stage (a chain enters each once)
+    raw_outside = (lone - twin_lone - sum(trip.values())) / len(twin)
+    raw = {name: trip[name] + raw_outside for name in twin}
     clamped = raw_outside < 0 or any(d < 0 for d in raw.values())
     hop_delay = {name: max(d, 0.0) for name, d in raw.items()}
-    return HopCalibration(lone, twin_lone, round_trip, max(raw_outside, 0.0), hop_delay, clamped)
+    return HopCalibration(lone, twin_lone, round_trip, max(raw_outside, 0.0), hop_delay, clamped, work, trip)
 
 
-def recorded_twin(records: Mapping[str, Sequence[Any]],
-                  base: Mapping[str, tuple[Any, Sequence[str]]]) -> dict[str, tuple[Any, Sequence[str]]]:
+def recorded_twin(records: Mapping[str, Sequence[Any]], base: Mapping[str, tuple[Any, Sequence[str]]], *,
+                  measure: str = "service_time") -> dict[str, tuple[Any, Sequence[str]]]:
     """``base`` with each stage's service time per batch size as its stage recorded it during a run (medians).
 
-    ``records`` is :meth:`GraphServer.stage_records` sliced to one run.  A stage that saw one batch size
-    gets that size's time for every batch size at or above it (and proportionally less below).
+    ``records`` is :meth:`GraphServer.stage_records` sliced to one run.  ``measure`` says which record:
+    ``"service_time"`` (each batch's wall time, everything the stage waited for included) or ``"work"`` (the
+    CPU seconds its function used, where it ran).  A stage that saw one batch size gets that size's time for
+    every batch size at or above it (and proportionally less below).
 
     >>> from infergraph_lite.core.stage import Stage
     >>> from infergraph_lite.serving.metrics import RequestRecord
-    >>> rows = [RequestRecord(0.0, 0.003, 1), RequestRecord(0.0, 0.005, 2), RequestRecord(0.0, 0.005, 2)]
-    >>> twin = recorded_twin({"a": rows}, {"a": (Stage(service_time=0.001, max_batch_size=2), ["request"])})
+    >>> rows = [RequestRecord(0.0, 0.003, 1, 0.002), RequestRecord(0.0, 0.005, 2, 0.004),
+    ...         RequestRecord(0.0, 0.005, 2, 0.004)]
+    >>> base = {"a": (Stage(service_time=0.001, max_batch_size=2), ["request"])}
+    >>> twin = recorded_twin({"a": rows}, base)
     >>> twin["a"][0].service_time(1), twin["a"][0].service_time(2)
     (0.003, 0.005)
+    >>> recorded_twin({"a": rows}, base, measure="work")["a"][0].service_time(2)
+    0.004
     """
+    if measure not in ("service_time", "work"):
+        raise ValueError(f"recorded_twin: measure must be 'service_time' or 'work', got {measure!r}")
     result = {}
     for name, (stage, deps) in base.items():
         rows = records[name]
         if not rows:
             raise ValueError(f"recorded_twin: stage {name!r} recorded no requests in this run")
         sizes = np.array([r.batch_size for r in rows])
-        seconds = np.array([r.service_time for r in rows])
+        seconds = np.array([getattr(r, measure) for r in rows], dtype=float)
+        if not np.all(np.isfinite(seconds)):
+            raise ValueError(f"recorded_twin: stage {name!r} has records without a {measure} (NaN)")
         seen = np.unique(sizes)
         medians = [float(np.median(seconds[sizes == b])) for b in seen]
         if len(seen) == 1:  # one size seen: proportional below it, constant above

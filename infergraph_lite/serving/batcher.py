@@ -151,8 +151,11 @@ class DynamicBatcher:
         else:
             raise ValueError(f"clock must be a callable returning seconds or a Clock, got {clock!r}")
         self.batch_fn = batch_fn
+        # A batch_fn that runs its work in another process (StageWorkers) reports that work's CPU seconds
+        last_work = getattr(batch_fn, "last_work", None)
+        self._work_elsewhere: Callable[[], float] | None = last_work if callable(last_work) else None
         self.name = name
-        self._records: list[tuple[float, float, int]] = []  # raw, cheap to append on the worker's hot path
+        self._records: list[tuple[float, float, int, float]] = []  # raw, cheap to append on the worker's hot path
         self._batches: list[BatchRecord] = []
         self._queue: deque[_Pending] = deque()
         self._running: dict[int, _Pending] = {}  # taken by a worker, not yet answered (close() may answer them)
@@ -318,7 +321,9 @@ class DynamicBatcher:
     def _run(self, first: int, size: int, batch: list[_Pending], started: float) -> None:
         error: BatchError | None = None
         results: list[Any] = []
+        work = math.nan
         if batch:
+            cpu_started = time.thread_time()
             try:
                 results = list(self.batch_fn([p.item for p in batch]))
                 if len(results) != len(batch):
@@ -328,14 +333,16 @@ class DynamicBatcher:
                 # every request of the batch is told, and the worker goes on serving the others
                 error = BatchError(f"{self.name}: batch of {len(batch)} failed: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
+            # The function's CPU seconds: this thread's, unless it ran elsewhere and says what it used there
+            work = self._work_elsewhere() if self._work_elsewhere is not None else time.thread_time() - cpu_started
         ended = self.clock.now()
         service = ended - started
         with self._cond:
             if batch:  # a batch whose requests were all cancelled ran nothing: it tells an AIMD nothing,
                 # and one partly cancelled ran len(batch) rows: that is the size its time is evidence for
                 self.policy.observe(service, len(batch))
-            self._batches.append(BatchRecord(first, size, started, ended))
-            self._records.extend((started - p.submitted, service, len(batch)) for p in batch)
+            self._batches.append(BatchRecord(first, size, started, ended, work))
+            self._records.extend((started - p.submitted, service, len(batch), work) for p in batch)
             # close() may have answered some already (it gave up waiting): answer only those still ours
             mine = [(i, p) for i, p in enumerate(batch) if self._running.pop(p.number, None) is not None]
         for i, pending in mine:

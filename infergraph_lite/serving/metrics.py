@@ -20,11 +20,18 @@ __all__ = ["BatchRecord", "RequestRecord", "StageTimes", "stage_times"]
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """What happened to one request, in seconds."""
+    """What happened to one request, in seconds.
+
+    ``work`` is the CPU time its batch's function used (the whole batch's, like ``service_time``): measured
+    with ``time.thread_time`` where the function ran (the batcher's thread, or the worker process of a
+    ``workers="processes"`` stage), so ``service_time - work`` is what the batch waited for besides its
+    own computing (a pipe, a lock, a core).  NaN where nothing measured it.
+    """
 
     queue_time: float    # submit -> its batch started
     service_time: float  # its batch's run time
     batch_size: int
+    work: float = math.nan
 
     @property
     def latency(self) -> float:
@@ -33,12 +40,14 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """One batch: the submit number of its oldest request, its size, and when it ran (clock seconds)."""
+    """One batch: the submit number of its oldest request, its size, when it ran (clock seconds) and the CPU
+    seconds its function used (``work``, as in :class:`RequestRecord`)."""
 
     first: int
     size: int
     start: float
     end: float
+    work: float = math.nan
 
 
 

@@ -30,6 +30,7 @@ sentinel, so nothing hangs.  Every worker is stopped by its own PID
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
 import pickletools
@@ -138,16 +139,18 @@ def _worker_main(inbox: Connection, outbox: Connection) -> None:
             return
         if batch is _STOP:
             return
+        started = time.thread_time()  # the work's CPU seconds, measured where it runs
         try:
-            reply: tuple[str, Any] = ("ok", list(fn(batch)))
+            reply: tuple[str, Any, float] = ("ok", list(fn(batch)), 0.0)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a model too: the batch is told, we go on
-            reply = ("error", exc)
+            reply = ("error", exc, 0.0)
+        reply = (reply[0], reply[1], time.thread_time() - started)
         try:
             outbox.send(reply)
         except Exception:  # noqa: BLE001 - an unpicklable result or exception: send what can be sent
             error = reply[1] if reply[0] == "error" else TypeError("fn returned results that cannot be pickled")
             outbox.send(("error", RemoteError(type(error).__name__, str(error),
-                                              "".join(traceback.format_exception(error)))))
+                                              "".join(traceback.format_exception(error))), reply[2]))
 
 
 class _Worker:
@@ -194,6 +197,7 @@ class StageWorkers:
         self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
         self._closing = False
         self._failed: WorkerDiedError | None = None
+        self._last = threading.local()  # each batcher thread's last batch: its work's CPU seconds
         self.replaced: list[int] = []  # PIDs of workers that died and were replaced
         if start:
             self.start()
@@ -223,6 +227,14 @@ class StageWorkers:
         """Start the workers and wait until each has loaded ``fn``."""
         self.wait_ready(self.launch())
 
+    def last_work(self) -> float:
+        """The CPU seconds ``fn`` used in its worker on the calling thread's last batch (NaN if none ran).
+
+        A :class:`~infergraph_lite.serving.batcher.DynamicBatcher` whose ``batch_fn`` has this method records it
+        as each batch's ``work``: the parent thread's own CPU time would be the pickling, not the model.
+        """
+        return getattr(self._last, "work", math.nan)
+
     @property
     def pids(self) -> list[int]:
         """The PIDs of the living workers."""
@@ -236,9 +248,10 @@ class StageWorkers:
         worker = self._idle.get()
         if worker is None:  # close(), or a stage marked failed, wakes waiting callers with None
             raise self._failed or RuntimeError(f"stage {self.stage!r}: the workers are closed")
+        self._last.work = math.nan
         try:
             worker.send.send(batch)
-            status, value = worker.conn.recv()  # returns, or raises EOFError once the worker has died
+            status, value, self._last.work = worker.conn.recv()  # or EOFError once the worker has died
         except (BrokenPipeError, EOFError, OSError):
             status, value = "died", None
         except Exception as exc:  # noqa: BLE001 - a batch that does not pickle, or an answer that does not load
