@@ -32,7 +32,7 @@ the real server empty (its lone prefill is what the profile measured) or another
 
 Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that none is left.
 
-    python benchmarks/bench_llm_twin.py            (or: make bench; about 3 minutes)
+    python benchmarks/bench_llm_twin.py            (or: make bench; about 1-2 minutes on a quiet machine)
     python benchmarks/bench_llm_twin.py --quick    (one load per slot count: a smoke run)
 """
 
