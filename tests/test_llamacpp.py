@@ -275,6 +275,26 @@ def test_bad_parameters_are_named_before_any_process_starts(model, kwargs, argum
     assert own_processes() <= before
 
 
+def test_numpy_integers_are_taken_as_ints_by_the_model_server_and_client(model):
+    # They used to reach json.dumps (an unnamed TypeError) or be refused as "n_ctx=0" / "ready_timeout=30".
+    i = np.int64
+    again = write_tiny_llama(embd=i(256), layers=i(4), ff=i(768), heads=i(8), kv_heads=i(4), ctx=i(2048), seed=i(0))
+    assert again == model and type(again.embd) is int
+    server = LlamaCppServer(model, n_parallel=i(2), n_batch=i(1024), n_ubatch=i(256), threads=i(1), port=i(18080),
+                            ready_timeout=i(30), start=False)
+    values = (server.n_parallel, server.n_ctx, server.n_batch, server.n_ubatch, server.threads, server._port_asked)
+    assert values == (2, 1024, 1024, 256, 1, 18080) and all(type(v) is int for v in values)
+    client = LlamaCppClient("http://127.0.0.1:1", n_predict=i(5), max_in_flight=i(2), seed=i(7))
+    with client:
+        assert (client.n_predict, client.seed) == (5, 7) and type(client.n_predict) is type(client.seed) is int
+    with pytest.raises(BadParameterError, match=r"^n_parallel="):
+        LlamaCppServer(model, n_parallel=i(0), start=False)
+    with pytest.raises(BadParameterError, match=r"^port="):
+        LlamaCppServer(model, port=np.float64(8080), start=False)
+    with pytest.raises(ValueError, match="seed"):
+        LlamaCppClient("http://127.0.0.1:1", seed=0.5)
+
+
 # --- requests ---------------------------------------------------------------------------------------------------
 
 
@@ -420,3 +440,17 @@ def test_the_profile_measures_the_live_server(server8):
         profile_step_time(server8, concurrencies=(16,))
     with pytest.raises(ValueError, match="prompt_tokens"):
         profile_step_time(server8, prompt_tokens=())
+
+
+def test_the_profile_takes_numpy_integers(server8):
+    from infergraph_lite.frameworks.llamacpp import profile_step_time
+
+    i = np.int64
+    profile = profile_step_time(server8, concurrencies=np.array([1, 2]), prompt_tokens=i(8), n_predict=i(4),
+                                prefill_lengths=(i(8),), repeats=i(1), mixed=False, timeout=i(60))
+    assert sorted(profile.decode) == [1, 2] and sorted(profile.prefill) == [8]
+    for bad, argument in ((dict(prompt_tokens=i(0)), r"prompt_tokens\[0\]"),
+                          (dict(n_predict=np.float64(4)), "n_predict"), (dict(repeats=i(0)), "repeats"),
+                          (dict(prefill_lengths=i(8)), "prefill_lengths"), (dict(timeout="1 min"), "timeout")):
+        with pytest.raises(ValueError, match=argument):
+            profile_step_time(server8, **bad)

@@ -396,11 +396,25 @@ def test_agrees_with_the_reference_under_heavy_preemption():
     (dict(request_overhead=-0.001), "request_overhead must be >= 0"),
     (dict(response_overhead=float("nan")), "response_overhead must be a finite number"),
     (dict(request_overhead="2 ms"), "request_overhead must be a finite number"),
+    (dict(arrival_rate=5.0, seed=-1), "seed must be an integer >= 0"),
+    (dict(arrival_rate=5.0, seed=1.5), "seed must be an integer >= 0"),
+    (dict(n_requests=3.0), "n_requests must be an integer >= 1"),
 ])
 def test_bad_input_names_the_argument(kw, message):
     args = dict(n_requests=3, prompt_tokens=100, output_tokens=20, step_time=0.01, max_num_seqs=8)
     with pytest.raises(ValueError, match=message):
         simulate_llm(**{**args, **kw})
+
+
+def test_numpy_integers_are_taken_wherever_an_int_is():
+    ints = dict(n_requests=40, prompt_tokens=100, output_tokens=20, max_num_seqs=4, arrival_rate=30, seed=3,
+                max_num_batched_tokens=64, kv_cache_tokens=1024, block_size=16, kv_allocation="reserve_max",
+                max_tokens=24)
+    numpy = {k: np.int64(v) if isinstance(v, int) else v for k, v in ints.items()}
+    numpy["output_tokens"] = np.full(40, 20, dtype=np.int32)
+    a = simulate_llm(step_time=0.01, **ints)
+    b = simulate_llm(step_time=np.float32(0.01), **numpy)
+    assert np.allclose(a.e2e, b.e2e, rtol=1e-6) and a.preemptions == b.preemptions and a.steps == b.steps
 
 
 def test_a_bad_overhead_carried_by_step_time_is_named_as_its_attribute():

@@ -32,7 +32,7 @@ import numpy as np
 __all__ = ["Completion", "CompletionRequest", "LlamaCppClient", "RequestError", "SlotMonitor", "counter_delta",
            "parse_prometheus", "tokens_per_decode"]
 
-from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.arguments import check_count, check_int, check_number
 
 
 class RequestError(RuntimeError):
@@ -164,15 +164,14 @@ class LlamaCppClient:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"url must look like http://127.0.0.1:PORT, got {url!r}")
-        check_count("n_predict", n_predict)
-        check_count("max_in_flight", max_in_flight)
-        check_number("timeout", timeout)
+        n_predict = check_count("n_predict", n_predict)      # numpy integers too, stored as ints (they go to JSON)
+        max_in_flight = check_count("max_in_flight", max_in_flight)
         self.url = url
         self._host, self._port = parts.hostname, parts.port
         self.n_predict = n_predict
-        self.timeout = float(timeout)
-        self.temperature = float(temperature)
-        self.seed = seed
+        self.timeout = check_number("timeout", timeout)
+        self.temperature = check_number("temperature", temperature, positive=False)
+        self.seed = check_int("seed", seed, minimum=-1)     # llama.cpp's -1: a random seed per request
         self.banned_tokens = tuple(int(t) for t in banned_tokens)
         self.max_in_flight = max_in_flight
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="llamacpp-client")

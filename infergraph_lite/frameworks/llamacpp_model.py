@@ -138,17 +138,19 @@ def _vocab() -> tuple[list[bytes], list[float], list[int]]:
     return tokens, scores, types
 
 
-def _check_shape(embd: int, layers: int, ff: int, heads: int, kv_heads: int, ctx: int, seed: int) -> None:
-    for name, value in (("embd", embd), ("layers", layers), ("ff", ff), ("heads", heads), ("kv_heads", kv_heads),
-                        ("ctx", ctx)):
-        check_count(name, value)
-    check_non_negative_int("seed", seed)
+def _check_shape(embd: int, layers: int, ff: int, heads: int, kv_heads: int, ctx: int, seed: int) -> dict[str, int]:
+    # The shape as Python ints (numpy integers accepted: the shape goes into JSON and the GGUF header).
+    shape = {name: check_count(name, value) for name, value in (
+        ("embd", embd), ("layers", layers), ("ff", ff), ("heads", heads), ("kv_heads", kv_heads), ("ctx", ctx))}
+    shape["seed"] = check_non_negative_int("seed", seed)
+    embd, heads, kv_heads = shape["embd"], shape["heads"], shape["kv_heads"]
     if embd % heads:
         raise ValueError(f"embd ({embd}) must be a multiple of heads ({heads})")
     if (embd // heads) % 2:
         raise ValueError(f"head_dim = embd / heads = {embd // heads} must be even (rotary embedding pairs)")
     if heads % kv_heads:
         raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    return shape
 
 
 def _n_params(n_vocab: int, embd: int, layers: int, ff: int, heads: int, kv_heads: int) -> int:
@@ -174,8 +176,8 @@ def write_tiny_llama(path: str | os.PathLike[str] | None = None, *, embd: int = 
     Traceback (most recent call last):
     ValueError: embd (60) must be a multiple of heads (8)
     """
-    _check_shape(embd, layers, ff, heads, kv_heads, ctx, seed)
-    shape = {"embd": embd, "layers": layers, "ff": ff, "heads": heads, "kv_heads": kv_heads, "ctx": ctx, "seed": seed}
+    shape = _check_shape(embd, layers, ff, heads, kv_heads, ctx, seed)
+    embd, layers, ff, heads, kv_heads, seed = (shape[k] for k in ("embd", "layers", "ff", "heads", "kv_heads", "seed"))
     if path is None:
         key = hashlib.sha256(json.dumps({**shape, "v": WRITER_VERSION}, sort_keys=True).encode()).hexdigest()[:12]
         target = cache_dir() / f"tiny-llama-e{embd}-l{layers}-s{seed}-{key}.gguf"

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count
+from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
 from infergraph_lite.frameworks.llamacpp_model import prompt_of
 
@@ -214,7 +214,10 @@ def _together(client: LlamaCppClient, requests: list[CompletionRequest], timeout
 
 
 def _check_counts(name: str, values: Sequence[int], upper: int | None = None) -> tuple[int, ...]:
-    values = tuple(values)
+    try:
+        values = () if isinstance(values, str) else tuple(values)
+    except TypeError:       # not iterable
+        values = ()
     if not values:
         raise ValueError(f"{name} must be a non-empty sequence of integers >= 1, got {values!r}")
     values = tuple(check_count(f"{name}[{i}]", v) for i, v in enumerate(values))
@@ -252,15 +255,17 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     >>> 0 < profile.request_overhead < profile.ttft[8]
     True
     """
-    n_parallel = getattr(server, "n_parallel", None)
+    n_parallel = check_count("server.n_parallel", getattr(server, "n_parallel", None), allow_none=True)
     if concurrencies is None:
         top = n_parallel or 1
         concurrencies = sorted({min(2 ** k, top) for k in range(top.bit_length() + 1)})
     concurrencies = _check_counts("concurrencies", concurrencies, n_parallel)
     prefill_lengths = _check_counts("prefill_lengths", prefill_lengths)
-    prompts = _check_counts("prompt_tokens", [prompt_tokens] if isinstance(prompt_tokens, int) else prompt_tokens)
-    for name, value in (("n_predict", n_predict), ("repeats", repeats)):
-        _check_counts(name, [value])
+    # One length (an int, numpy integers too) or several; every count comes back as a Python int.
+    prompts = _check_counts("prompt_tokens", [prompt_tokens] if np.ndim(prompt_tokens) == 0 else prompt_tokens)
+    n_predict = check_count("n_predict", n_predict)
+    repeats = check_count("repeats", repeats)
+    timeout = check_number("timeout", timeout)
     if n_predict < 3:
         raise ValueError(f"n_predict must be >= 3 (the decode gaps after the first are the samples), got {n_predict}")
     if isinstance(server, LlamaCppClient):

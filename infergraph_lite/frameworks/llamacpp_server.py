@@ -37,9 +37,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import numpy as np
 import psutil
 
-from infergraph_lite.core.arguments import check_count
+from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.frameworks.llamacpp_model import ModelInfo, trained_context_length
 from infergraph_lite.serving.processes import process_tree, stop_processes
 
@@ -78,11 +79,20 @@ class BadParameterError(ServerStartError, ValueError):
         self.value = value
 
 
-def _positive_int(name: str, value: Any) -> None:
+def _positive_int(name: str, value: Any) -> int:
+    # An int, also from a numpy integer (what reaches the child's JSON config must be a Python int).
     try:
-        check_count(name, value)
+        return check_count(name, value)
     except ValueError:
         raise BadParameterError(name, value, "must be an integer >= 1") from None
+
+
+def _port(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 65535:
+        raise BadParameterError("port", value, "must be None (a free port) or an int in 1..65535")
+    return int(value)
 
 
 def check_server_parameters(*, n_parallel: int, n_ctx: int, n_batch: int, n_ubatch: int, threads: int,
@@ -101,8 +111,8 @@ of 256 KV cells per slot (llama.cpp would round it to 2048), e.g. n_ctx=2048
     for name, value in (("n_parallel", n_parallel), ("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
                         ("threads", threads)):
         _positive_int(name, value)
-    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
-        raise BadParameterError("port", port, "must be None (a free port) or an int in 1..65535")
+    _port(port)
+    n_parallel, n_ctx, n_batch, n_ubatch = int(n_parallel), int(n_ctx), int(n_batch), int(n_ubatch)
     per_slot = n_ctx // n_parallel
     if n_ctx % n_parallel or per_slot % SLOT_CTX_MULTIPLE or per_slot == 0:
         rounded = max(SLOT_CTX_MULTIPLE, -(-per_slot // SLOT_CTX_MULTIPLE) * SLOT_CTX_MULTIPLE) * n_parallel
@@ -184,12 +194,20 @@ class LlamaCppServer:
                  port: int | None = None, ready_timeout: float = 60.0, log_path: str | os.PathLike[str] | None = None,
                  start: bool = True) -> None:
         path = Path(model.path if isinstance(model, ModelInfo) else model)
-        if n_ctx is None:
-            n_ctx = 512 * n_parallel if isinstance(n_parallel, int) else 0
-        if not isinstance(cont_batching, bool):
+        # Numpy integers are taken as ints (and stored as ints: they go to the child as JSON); anything else that
+        # is not a whole number >= 1 is refused by name.
+        n_parallel = _positive_int("n_parallel", n_parallel)
+        n_ctx = 512 * n_parallel if n_ctx is None else _positive_int("n_ctx", n_ctx)
+        n_batch, n_ubatch, threads = (_positive_int(k, v) for k, v in
+                                      (("n_batch", n_batch), ("n_ubatch", n_ubatch), ("threads", threads)))
+        port = _port(port)
+        if not isinstance(cont_batching, (bool, np.bool_)):
             raise BadParameterError("cont_batching", cont_batching, "must be True or False")
-        if not isinstance(ready_timeout, (int, float)) or not ready_timeout > 0:
-            raise BadParameterError("ready_timeout", ready_timeout, "must be a number of seconds > 0")
+        cont_batching = bool(cont_batching)
+        try:
+            ready_timeout = check_number("ready_timeout", ready_timeout)
+        except ValueError:
+            raise BadParameterError("ready_timeout", ready_timeout, "must be a number of seconds > 0") from None
         if not path.is_file():
             raise ModelMissingError(f"model file {str(path)!r} does not exist (write one with write_tiny_llama())")
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count, check_fraction, check_number
+from infergraph_lite.core.arguments import check_count, check_fraction, check_non_negative_int, check_number
 from infergraph_lite.core.metrics import LatencySummary, latency_percentile
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
 
@@ -187,6 +187,7 @@ def simulate_llm(
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     check_fraction("warmup", warmup, allow_zero=True)
+    seed = check_non_negative_int("seed", seed)
     times = _arrivals(arrival_rate, arrivals, n, seed)
     step = _step_time(step_time)
     before = _overhead("request_overhead", request_overhead, step_time)
