@@ -115,13 +115,17 @@ class DynamicBatcher:
     longer holds a place in the queue.  ``clock`` is a callable
     returning seconds (default ``time.monotonic``) or a :class:`Clock`; a
     virtual one makes the batcher's decisions reproducible in tests.
+    Every batch's record carries ``work``: the CPU seconds ``batch_fn`` used, timed with ``time.thread_time``
+    in the batcher's thread, or, when ``batch_fn`` has a ``last_work()`` method (a
+    :class:`~infergraph_lite.serving.stage_workers.StageWorkers`, whose work runs in a worker process), what
+    that reports.  ``service_time - work`` is what a batch waited for besides computing.
 
     >>> with DynamicBatcher(lambda xs: [x * 2 for x in xs], max_batch_size=4, max_wait=0.01) as batcher:
     ...     futures = [batcher.submit(i) for i in range(6)]
     ...     [f.result() for f in futures]
     [0, 2, 4, 6, 8, 10]
-    >>> len(batcher.records), sum(b.size for b in batcher.batches)
-    (6, 6)
+    >>> len(batcher.records), sum(b.size for b in batcher.batches), all(b.work >= 0 for b in batcher.batches)
+    (6, 6, True)
     """
 
     def __init__(

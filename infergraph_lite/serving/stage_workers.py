@@ -181,9 +181,9 @@ class StageWorkers:
 
     >>> import operator, functools
     >>> with StageWorkers("double", functools.partial(map, functools.partial(operator.mul, 2)), replicas=1) as w:
-    ...     answer, pid = w([1, 2, 3]), w.pids[0]
-    >>> answer, pid > 0, w.pids
-    ([2, 4, 6], True, [])
+    ...     answer, pid, work = w([1, 2, 3]), w.pids[0], w.last_work()
+    >>> answer, pid > 0, 0 <= work < 0.1, w.pids
+    ([2, 4, 6], True, True, [])
     """
 
     def __init__(self, stage: str, fn: Callable[[list[Any]], Sequence[Any]], replicas: int = 1, *,
