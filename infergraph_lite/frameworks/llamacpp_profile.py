@@ -213,7 +213,7 @@ def _together(client: LlamaCppClient, requests: list[CompletionRequest], timeout
     return [f.result() for f in futures]
 
 
-def _check_counts(name: str, values: Sequence[int], upper: int | None = None) -> tuple[int, ...]:
+def _check_counts(name: str, values: Any, upper: int | None = None) -> tuple[int, ...]:
     try:
         values = () if isinstance(values, str) else tuple(values)
     except TypeError:       # not iterable
