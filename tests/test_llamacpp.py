@@ -406,6 +406,32 @@ def test_the_fit_recovers_the_context_and_mixed_step_terms_exactly():
     assert fit_step_time(falling).d == 0.0
 
 
+def test_the_mixed_step_is_read_from_the_decoding_streams_or_not_at_all():
+    from infergraph_lite.frameworks.llamacpp_profile import mixed_gap
+
+    # Three lock-step decoders, 5 ms steps, one 30 ms step ending with the joiner's first token (at 0.050 s).
+    base = np.array([0.0, 0.005, 0.010, 0.015, 0.020, 0.050, 0.055, 0.060, 0.065])
+    streams = [base, base + 2e-4, base + 5e-4]
+    assert mixed_gap(streams, joined_at=0.0501) == (5, pytest.approx(0.030))
+    # The median over the decoders: one stream's late token does not set the step.
+    late = base.copy()
+    late[5:] += 0.0015
+    assert mixed_gap([base, base, late], joined_at=0.0501)[1] == pytest.approx(0.030)
+    # A stream whose token is beyond the tolerance is left out; fewer than half within it: not read.
+    assert mixed_gap([base, base, base + 0.004], joined_at=0.0501) == (5, pytest.approx(0.030))
+    assert mixed_gap([base, base + 0.004, base + 0.004], joined_at=0.0501) is None
+    assert mixed_gap(streams, joined_at=0.0540) is None
+    # A gap no longer than the decoders' other gaps is a decode step, however near the joiner's token (what one
+    # 8-slot profile took for a mixed step: 5.8 ms beside 5 ms decodes, which set e to 0 and c to half).
+    assert mixed_gap(streams, joined_at=0.0551) is None
+    # Too early in the stream, and streams that disagree on the step: not read.
+    assert mixed_gap(streams, joined_at=0.0051) is None
+    shifted = np.concatenate([[0.0, 0.002], base[1:]])      # one token more before the same step
+    assert mixed_gap([base, shifted], joined_at=0.0501) is None
+    with pytest.raises(ValueError, match="tolerance"):
+        mixed_gap(streams, joined_at=0.05, tolerance=-1.0)
+
+
 def test_a_fitted_model_carries_its_overheads_into_the_simulator():
     from infergraph_lite import simulate_llm
 
@@ -428,7 +454,8 @@ def test_the_profile_measures_the_live_server(server8):
     contexts = {s.kv_tokens // s.decode_seqs for s in profile.samples if s.kind == "decode"}
     assert min(contexts) < 20 and max(contexts) > 96      # the two prompt lengths: decode steps over a context range
     mixed = [s for s in profile.samples if s.kind == "mixed"]
-    assert all(s.prefill_tokens in (8, 128) and s.decode_seqs in (1, 4) for s in mixed)
+    # Joins beside each concurrency below n_parallel and beside n_parallel - 1.
+    assert all(s.prefill_tokens in (8, 128) and s.decode_seqs in (1, 4, 7) for s in mixed)
     assert all(v >= 0 for v in profile.model.coefficients.values())
     assert profile(0, 4, 100) > 0 and profile.model.n_samples == len(profile.samples)
     # The prefill step is the server's own prompt time; what the client saw beyond it is the request overhead.

@@ -41,7 +41,7 @@ from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
 from infergraph_lite.frameworks.llamacpp_model import prompt_of
 
-__all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "fit_step_time", "profile_step_time"]
+__all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "fit_step_time", "mixed_gap", "profile_step_time"]
 
 FEATURES = ("decode_seqs", "prefill_tokens", "kv_tokens", "mixed")
 
@@ -237,9 +237,9 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     defaults to 1, 2, 4, ... up to the server's ``n_parallel``; each is measured ``repeats`` times with
     ``c`` requests of each of ``prompt_tokens`` prompt tokens (several lengths, so that the context term is
     fitted over a range of contexts instead of extrapolated) and ``n_predict`` output tokens sent together.
-    ``mixed=True``: for each concurrency below ``n_parallel``, one more request (a prompt of one of
-    ``prefill_lengths``, in turn) joins ``c`` decoding ones halfway; the step that prefills it beside their
-    decodes is a *mixed* sample (the model's ``e`` term).
+    ``mixed=True``: for each concurrency below ``n_parallel`` and for ``n_parallel - 1``, one more request (a
+    prompt of one of ``prefill_lengths``, in turn) joins ``c`` decoding ones halfway, every repeat; the step that
+    prefills it beside their decodes, found by :func:`mixed_gap`, is a *mixed* sample (the model's ``e`` term).
     Each of ``prefill_lengths`` is measured ``repeats`` times alone: its step is the server's ``prompt_ms``, and
     the client's time to first token beyond it, and its end beyond the last token, are the model's
     ``request_overhead`` and ``response_overhead`` (medians over all lone requests).  Every request is bounded by
@@ -272,7 +272,9 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
         client, own = server, False
     else:
         client, own = server.client(max_in_flight=max(concurrencies) + 1, timeout=timeout), True
-    joins = [c for c in concurrencies if mixed and (n_parallel is None or c < n_parallel)]
+    # Joins beside each concurrency below n_parallel, and beside n_parallel - 1 (the fullest a join can find).
+    joins = sorted({c for c in concurrencies if n_parallel is None or c < n_parallel}
+                   | ({n_parallel - 1} if n_parallel and n_parallel > 1 else set())) if mixed else []
     start = time.perf_counter()
     load_before = _load_average()
     samples: list[StepSample] = []
@@ -299,9 +301,10 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                             gaps_by_step[c, q][j].append(gap)
                     if q == prompts[0]:
                         halfway[c] = max(float(d.token_times[n_predict // 2]) for d in done)
-            for c in joins:
-                p = prefill_lengths[r % len(prefill_lengths)]
-                sample = _mixed_step(client, c, prompts[0], n_predict, p, halfway[c], timeout)
+            for k, c in enumerate(joins):
+                wait_s = halfway[min(halfway, key=lambda h: abs(h - c))]   # c's own, or the nearest measured
+                p = prefill_lengths[(r + k) % len(prefill_lengths)]        # every c sees the lengths in turn
+                sample = _mixed_step(client, c, prompts[0], n_predict, p, wait_s, timeout)
                 if sample is not None:
                     samples.append(sample)
             for p in prefill_lengths:
@@ -336,22 +339,57 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
 
 def _mixed_step(client: LlamaCppClient, c: int, prompt: int, n_predict: int, p: int, wait_s: float,
                 timeout: float) -> StepSample | None:
-    # c requests decode; after wait_s (about halfway through their n_predict tokens) one with a p-token prompt
-    # joins.  The step that prefills it ends with its first token and with one token of each decoding request:
-    # a decoding request's gap ending there is that step.  None if no token of theirs ends within 3 ms of it.
-    running = [client.submit(CompletionRequest(prompt_of(prompt), 2 * n_predict)) for _ in range(c)]
+    # c requests decode; after wait_s (about halfway through their first n_predict tokens) one with a p-token
+    # prompt joins.  The step that prefills it ends with its first token and one token of each decoding request.
+    running = [client.submit(CompletionRequest(prompt_of(prompt), n_predict + 8)) for _ in range(c)]
     time.sleep(wait_s)
     joiner = client.submit(CompletionRequest(prompt_of(p), 1))
     _, not_done = wait([*running, joiner], timeout=timeout)
     if not_done:
         raise TimeoutError(f"{len(not_done)} of {c + 1} profiling requests did not finish in {timeout:.0f} s")
-    first = running[0].result()
-    times = first.sent_at + first.token_times
-    joined_at = joiner.result().sent_at + joiner.result().ttft
-    i = int(np.argmin(np.abs(times - joined_at)))
-    if i < 2 or abs(times[i] - joined_at) > 3e-3:
+    joined = joiner.result()
+    found = mixed_gap([d.sent_at + d.token_times for d in (f.result() for f in running)],
+                      joined.sent_at + joined.ttft)
+    if found is None:
         return None
-    return StepSample(p, c, c * (prompt + i + 1) + p, float(times[i] - times[i - 1]), "mixed")
+    i, seconds = found
+    return StepSample(p, c, c * (prompt + i + 1) + p, seconds, "mixed")
+
+
+def mixed_gap(decoding: Sequence[np.ndarray], joined_at: float, tolerance: float = 3e-3
+              ) -> tuple[int, float] | None:
+    """Which step of lock-step decoding requests also prefilled a joiner, and how long it took, from token times.
+
+    ``decoding`` holds each decoding request's token arrival times (seconds, one clock), ``joined_at`` the
+    joiner's first token.  The step that prefilled it ends with that token and one token of every decoding
+    request: returns ``(i, seconds)``, the index of that token and the median, over the decoding requests with a
+    token within ``tolerance`` of ``joined_at`` (at least half of them, agreeing on ``i >= 2``), of the gap
+    ending there.  ``None`` where the client's times do not say it, and where that gap is no longer than the
+    median of their other gaps: a step that prefilled as well as decoded cannot be shorter than one that only
+    decoded, so such a gap is a decode step whose token the streams placed beside the joiner's.
+
+    >>> t = np.array([0.0, 0.010, 0.015, 0.020, 0.055, 0.060, 0.065])   # 5 ms decode steps, one of 35 ms
+    >>> mixed_gap([t, t + 1e-4], joined_at=0.0552)
+    (4, 0.035)
+    >>> mixed_gap([t], joined_at=0.0602) is None      # ends a plain decode step
+    True
+    """
+    tolerance = check_number("tolerance", tolerance)
+    found: list[tuple[int, float, float]] = []
+    for times in decoding:
+        times = np.asarray(times, dtype=float)
+        if times.ndim != 1 or len(times) < 4:
+            continue
+        i = int(np.argmin(np.abs(times - joined_at)))
+        if i >= 2 and abs(times[i] - joined_at) <= tolerance:
+            gaps = np.diff(times)
+            found.append((i, float(gaps[i - 1]), float(np.median(np.delete(gaps, i - 1)))))
+    if not found or 2 * len(found) < len(decoding) or len({i for i, _, _ in found}) > 1:
+        return None
+    seconds = float(np.median([g for _, g, _ in found]))
+    if seconds <= float(np.median([m for _, _, m in found])):
+        return None
+    return found[0][0], seconds
 
 
 def _prompt_seconds(done: Completion) -> float:
