@@ -1,16 +1,20 @@
 """A real server's simulated twin, calibrated and its remaining gap taken apart (notebook 06, section 7).
 
 The twin of a :class:`~infergraph_lite.serving.graph_server.GraphServer` is its stage dict with each stage's
-CPU-time profile as ``service_time``, run by :func:`~infergraph_lite.simulation.graph.simulate_graph`.  Two
-things a real server does that such a profile does not hold, each measured here rather than guessed:
+work as ``service_time``, run by :func:`~infergraph_lite.simulation.graph.simulate_graph`: a CPU-time profile,
+or the CPU seconds the server's batches recorded where they ran (``recorded_twin(..., measure="work")``; the
+same pure-Python work costs more CPU time on a busier machine, so a run's own work is the steadier base).  Two
+things a real server does that such a twin does not hold, each measured here rather than guessed:
 
 - **a hop**: handing a request to a stage and its answer back (a batcher thread woken, for worker processes
   the batch and its answer pickled through a pipe).  :func:`calibrate_hops` measures it from lone requests
-  (nothing queues), as ``simulate_graph``'s ``hop_delay`` per stage: the twin then predicts a lone request
-  exactly, and every request pays it on every stage it enters.
+  (nothing queues): per stage the round trip's excess over the work (the *trip*), and the hand-off outside it.
+  Either all of it as ``simulate_graph``'s ``hop_delay``, or, since a worker is busy for its whole round trip,
+  the trip inside every batch (:meth:`HopCalibration.occupying`) and only the hand-off as a delay; either way
+  the twin reproduces the lone median.
 - **what the load does to each batch** (a worker waiting for a core that the other stages and the parent
-  process also need): :func:`recorded_twin` rebuilds the twin from the service times the stages recorded
-  *during* a run, so the difference between it and the calibrated twin is that run's core contention.
+  process also need): :func:`recorded_twin` rebuilds the twin from the wall times the stages' batches took
+  *during* a run, so the difference between it and the calibrated twin is what that run's round trips lost.
 """
 
 from __future__ import annotations
