@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count
+from infergraph_lite.core.stage import mean_service_time, service_time_fn
 from infergraph_lite.serving.loadtest import run_closed_loop
 from infergraph_lite.simulation.graph import simulate_graph
 
@@ -93,20 +94,11 @@ class HopCalibration:
         """
         result = {}
         for name, (stage, deps) in twin.items():
-            base, extra = _as_function(stage.service_time), max(self.trip.get(name, 0.0), 0.0)
+            base = service_time_fn(stage.service_time, allow_zero=True)
+            extra = max(self.trip.get(name, 0.0), 0.0)
             result[name] = (dataclasses.replace(stage, service_time=lambda b, base=base, extra=extra: base(b) + extra),
                             deps)
         return result
-
-
-def _as_function(service_time: Any) -> Callable[[float], float]:
-    # A stage's service_time as s(b): a number or an (a, b) pair become the same constant / linear function
-    if callable(service_time):
-        return service_time
-    if isinstance(service_time, tuple):
-        fixed, per_item = service_time
-        return lambda b: fixed + per_item * b
-    return lambda b: float(service_time)
 
 
 def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], make_item: Callable[[int], Any],
@@ -150,7 +142,7 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     base = recorded_twin(records, twin, measure="work") if work_from == "records" else twin
     alone = simulate_graph(base, None, arrivals=np.arange(50) * 1e3, warmup=0.0, inputs=inputs)
     twin_lone = float(np.median(alone.latencies))
-    work = {name: _as_function(stage.service_time)(1) for name, (stage, _) in base.items()}
+    work = {name: mean_service_time(stage.service_time, 1) for name, (stage, _) in base.items()}
     trip = {name: round_trip[name] - work[name] for name in twin}
     # What the lone requests took beyond their stages' round trips, per stage (a chain enters each once)
     raw_outside = (lone - twin_lone - sum(trip.values())) / len(twin)
