@@ -140,17 +140,19 @@ def _worker_main(inbox: Connection, outbox: Connection) -> None:
         if batch is _STOP:
             return
         started = time.thread_time()  # the work's CPU seconds, measured where it runs
+        status: str = "ok"
+        value: Any = None
         try:
-            reply: tuple[str, Any, float] = ("ok", list(fn(batch)), 0.0)
+            value = list(fn(batch))
         except BaseException as exc:  # noqa: BLE001 - SystemExit from a model too: the batch is told, we go on
-            reply = ("error", exc, 0.0)
-        reply = (reply[0], reply[1], time.thread_time() - started)
+            status, value = "error", exc
+        work = time.thread_time() - started
         try:
-            outbox.send(reply)
+            outbox.send((status, value, work))
         except Exception:  # noqa: BLE001 - an unpicklable result or exception: send what can be sent
-            error = reply[1] if reply[0] == "error" else TypeError("fn returned results that cannot be pickled")
+            error = value if status == "error" else TypeError("fn returned results that cannot be pickled")
             outbox.send(("error", RemoteError(type(error).__name__, str(error),
-                                              "".join(traceback.format_exception(error))), reply[2]))
+                                              "".join(traceback.format_exception(error))), work))
 
 
 class _Worker:
