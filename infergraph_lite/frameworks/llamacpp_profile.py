@@ -158,7 +158,7 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
             break
         active.remove(min(negative, key=lambda k: coef[k]))    # hold the most negative at 0, refit the rest
     full = {k: coef.get(k, 0.0) for k in ("a", "b", "c", "d", "e")}
-    predicted = (full["a"] + full["b"] * seqs + full["c"] * prefill + full["d"] * kv_tokens + full["e"] * mixed)
+    predicted = sum(full[k] * columns[k] for k in full)
     rmse = float(np.sqrt(np.mean((predicted - seconds) ** 2)))
     worst = float(np.max(np.abs(predicted - seconds) / np.maximum(seconds, 1e-9)))
     return StepTimeModel(**full, rmse=rmse, worst_relative_error=worst, n_samples=len(rows))
