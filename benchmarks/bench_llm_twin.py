@@ -11,9 +11,10 @@ first send -> last token.
 
 A load's label is the load sent.  The offered rate of a run is (n - 1) requests over its first -> last send;
 a short Poisson sample's own rate strays from the rate it was drawn at (20-40 requests: 16-23 %, one standard
-deviation), so each run's n - 1 seeded exponential gaps are rescaled by one factor so that they add up to exactly
-(n - 1) / (label x capacity) seconds: the arrivals are a Poisson process conditioned on its count over the
-run (the gaps keep their shape and stay exchangeable), deterministic for a seed.  What the client actually sent
+deviation), so each run's n - 1 seeded exponential gaps are rescaled by one factor so that they add up to
+exactly (n - 1) / (label x capacity) seconds (``serving.benchmark.poisson_arrivals(..., exact_rate=True)``): the
+arrivals are a Poisson process conditioned on its count over the run (the gaps keep their shape and stay
+exchangeable), deterministic for a seed.  What the client actually sent
 is then measured from the send times (the open-loop generator may lag its schedule) and printed beside the
 label, with sent / scheduled; a run whose sent rate strays more than ``SENT_TOLERANCE`` from its label is a
 target of its own, missed.
@@ -57,6 +58,7 @@ from infergraph_lite.frameworks.llamacpp import (
     prompt_of,
     write_tiny_llama,
 )
+from infergraph_lite.serving.benchmark import poisson_arrivals
 from infergraph_lite.serving.loadtest import run_open_loop
 from infergraph_lite.serving.processes import process_tree
 
@@ -96,22 +98,10 @@ def capacity(profile: StepTimeProfile, slots: int, prompts: list[int], out: int)
     return n / sim.makespan
 
 
-def poisson_arrivals(rate: float, n: int, seed: int) -> np.ndarray:
-    """``n`` send times from 0 whose offered rate, (n - 1) / last, is exactly ``rate``: seeded Poisson gaps, rescaled.
-
-    >>> a = poisson_arrivals(5.0, 30, seed=1)
-    >>> float(a[0]), round((len(a) - 1) / float(a[-1]), 12), bool(np.all(np.diff(a) > 0))
-    (0.0, 5.0, True)
-    """
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n - 1)
-    gaps *= (n - 1) / rate / gaps.sum()
-    return np.concatenate([[0.0], gaps.cumsum()])
-
-
 def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: int, prompts: list[int], out: int,
              seed: int) -> dict[str, Any]:
     """One open-loop Poisson run offering exactly ``rate`` req/s over the run, and its replay through the simulator."""
-    arrivals = poisson_arrivals(rate, n, seed)
+    arrivals = poisson_arrivals(rate, n, seed, exact_rate=True)
     lengths = [prompts[i % len(prompts)] for i in range(n)]
     with server.client(n_predict=out, max_in_flight=n, timeout=120) as client:
         cpu, started = cpu_seconds(server.pid), time.perf_counter()

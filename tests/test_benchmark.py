@@ -160,6 +160,14 @@ def test_measure_rate_warms_up_then_runs_fixed_repetitions_on_a_sleeping_batcher
     assert np.array_equal(poisson_arrivals(100, 25, 0), poisson_arrivals(100, 25, 0))
 
 
+def test_an_exact_rate_schedule_offers_its_label_and_keeps_the_gaps_shape():
+    plain, exact = poisson_arrivals(20.0, 30, 4), poisson_arrivals(20.0, 30, 4, exact_rate=True)
+    assert (len(exact) - 1) / exact[-1] == pytest.approx(20.0, rel=1e-12)
+    assert np.allclose(np.diff(exact) / np.diff(plain), exact[-1] / plain[-1])  # one factor for every gap
+    with pytest.raises(ValueError, match="n must be at least 2"):
+        poisson_arrivals(20.0, 1, 4, exact_rate=True)
+
+
 def test_refusals_are_counted_and_miss_the_target():
     def slow(items):
         time.sleep(0.02)
