@@ -230,3 +230,21 @@ def test_an_all_cancelled_batch_is_not_counted_as_a_full_batch_by_aimd():
         first.result(timeout=5)
     # the cancelled pair formed a full batch of 2 that ran nothing: it must not have grown the cap
     assert batcher.max_batch_size == cap_before
+
+
+def test_each_batch_records_when_its_worker_was_free_again_after_answering_it():
+    # released - end is the turnaround: the worker answering the batch's requests (their callbacks run on it)
+    def slow_answer(_future):
+        time.sleep(0.02)
+
+    with DynamicBatcher(lambda xs: (time.sleep(0.05), xs)[1], max_batch_size=4, max_wait=0.0) as batcher:
+        first = batcher.submit(1)
+        first.add_done_callback(slow_answer)  # registered while the 50 ms batch still runs
+        first.result()
+        batcher.submit(2).result()
+        deadline = time.monotonic() + 5
+        while any(np.isnan(b.released) for b in batcher.batches) and time.monotonic() < deadline:
+            time.sleep(0.001)  # the last batch's released is set just after its answer
+    slow, quick = batcher.batches
+    assert slow.released - slow.end >= 0.02
+    assert 0 <= quick.released - quick.end < 0.02

@@ -12,6 +12,7 @@ Introduced in notebook 05.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -345,7 +346,9 @@ class DynamicBatcher:
             if batch:  # a batch whose requests were all cancelled ran nothing: it tells an AIMD nothing,
                 # and one partly cancelled ran len(batch) rows: that is the size its time is evidence for
                 self.policy.observe(service, len(batch))
-            self._batches.append(BatchRecord(first, size, started, ended, work))
+            record = BatchRecord(first, size, started, ended, work)
+            index = len(self._batches)
+            self._batches.append(record)  # before any answer: whoever reads a future's result finds its batch
             self._records.extend((started - p.submitted, service, len(batch), work) for p in batch)
             # close() may have answered some already (it gave up waiting): answer only those still ours
             mine = [(i, p) for i, p in enumerate(batch) if self._running.pop(p.number, None) is not None]
@@ -354,6 +357,9 @@ class DynamicBatcher:
                 pending.future.set_result(results[i])
             else:
                 pending.future.set_exception(error)
+        released = self.clock.now()
+        with self._cond:
+            self._batches[index] = dataclasses.replace(record, released=released)
 
     def _fail_unanswered(self, error: BatchError) -> None:
         with self._cond:

@@ -41,13 +41,20 @@ class RequestRecord:
 @dataclass(frozen=True)
 class BatchRecord:
     """One batch: the submit number of its oldest request, its size, when it ran (clock seconds) and the CPU
-    seconds its function used (``work``, as in :class:`RequestRecord`)."""
+    seconds its function used (``work``, as in :class:`RequestRecord`).
+
+    ``released`` is when its worker was free for the next batch: after it answered the batch's requests,
+    their futures' callbacks included (a graph server's callbacks hand each request to its next stage).  So
+    ``released - end`` is the batch's *turnaround*: time its worker is busy that no request waits for.  NaN
+    until the answers are out.
+    """
 
     first: int
     size: int
     start: float
     end: float
     work: float = math.nan
+    released: float = math.nan
 
 
 
