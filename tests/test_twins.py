@@ -37,10 +37,14 @@ def test_the_calibrated_twin_predicts_the_lone_median_exactly_and_hops_are_what_
     predicted = simulate_graph(twin, None, arrivals=np.arange(10) * 1.0, warmup=0.0, hop_delay=hops.hop_delay)
     assert np.median(predicted.latencies) == pytest.approx(hops.lone_latency, abs=1e-9)
     assert hops.per_hop == pytest.approx((hops.lone_latency - 0.006) / 2, abs=1e-9)
-    # The trip as occupancy instead of a delay: a lone request takes the same time
+    # The trip and the turnaround as occupancy instead of a delay: a lone request takes the same time
+    assert set(hops.turnaround) == {"a", "b"} and min(hops.turnaround.values()) >= 0.0
     occupied = simulate_graph(hops.occupying(twin), None, arrivals=np.arange(10) * 1.0, warmup=0.0,
-                              hop_delay=hops.outside)
-    assert np.median(occupied.latencies) == pytest.approx(hops.lone_latency, abs=1e-9)
+                              hop_delay=hops.handoff)
+    if hops.outside >= np.mean(list(hops.turnaround.values())):
+        assert np.median(occupied.latencies) == pytest.approx(hops.lone_latency, abs=1e-9)
+    else:  # a turnaround longer than the whole hand-off (noise): the delay is held at 0, never negative
+        assert hops.handoff == 0.0
 
 
 def spin(items):
@@ -83,6 +87,53 @@ def test_occupying_adds_each_stage_trip_to_every_batch_of_any_service_time_shape
     assert occupied["a"][0].service_time(2) == pytest.approx(2.25)
     assert occupied["b"][0].service_time(3) == pytest.approx(2.0)  # a negative trip (noise) adds nothing
     assert occupied["b"][1] == ["a"]
+
+
+def answer_slowly(done):
+    time.sleep(0.005)  # a callback on the stage's worker thread: it holds the worker before its next batch
+
+
+def test_turnaround_is_the_time_a_worker_spends_answering_after_the_batch():
+    twin = {"a": (Stage(service_time=0.003), ["request"])}
+    with GraphServer({"a": (Stage(fn=nap), ["request"])}) as server:
+        original = server.batchers["a"].submit
+        server.batchers["a"].submit = lambda item: _with_callback(original(item))
+        hops = calibrate_hops(server, twin, lambda i: {"request": i}, n_requests=10, spacing=0.03)
+    assert hops.turnaround["a"] >= 0.005  # the slow callback ran before the worker was released
+    assert hops.handoff == pytest.approx(max(hops.outside - hops.turnaround["a"], 0.0))
+
+
+def _with_callback(future):
+    future.add_done_callback(answer_slowly)
+    return future
+
+
+def test_spaced_calibration_sends_one_request_per_spacing_and_refuses_one_shorter_than_a_lone_request():
+    stages = {"a": (Stage(fn=nap), ["request"])}
+    twin = {"a": (Stage(service_time=0.003), ["request"])}
+    with GraphServer(stages) as server:
+        started = time.perf_counter()
+        hops = calibrate_hops(server, twin, lambda i: {"request": i}, n_requests=10, spacing=0.02)
+        assert time.perf_counter() - started >= 9 * 0.02  # open loop: the last one sent 9 spacings after the first
+        assert hops.lone_latency >= 0.003
+        with pytest.raises(ValueError, match=r"spacing=0\.001 s is shorter than a lone request's median latency"):
+            calibrate_hops(server, twin, lambda i: {"request": i}, n_requests=5, spacing=0.001)
+        for bad in (0, -0.01, float("nan")):
+            with pytest.raises(ValueError, match="spacing"):
+                calibrate_hops(server, twin, lambda i: {"request": i}, n_requests=5, spacing=bad)
+
+
+def test_a_spread_twin_draws_each_batch_from_the_records_of_its_size_and_is_seeded():
+    rows = [RequestRecord(0.0, t, 1) for t in (0.003, 0.003, 0.012)] + [RequestRecord(0.0, 0.005, 2)] * 2
+    base = {"a": (Stage(service_time=0.001, max_batch_size=4), ["request"])}
+    draw = recorded_twin({"a": rows}, base, spread=True, seed=3)["a"][0].service_time
+    ones = [draw(1) for _ in range(3000)]
+    assert set(np.round(ones, 9)) == {0.003, 0.012}
+    assert np.mean(ones) == pytest.approx(0.006, rel=0.05)  # the records' mean, above their median 0.003
+    assert {round(draw(2), 9) for _ in range(50)} == {0.005}  # size 2 has one value: no spread to draw
+    again = recorded_twin({"a": rows}, base, spread=True, seed=3)["a"][0].service_time
+    assert [again(1) for _ in range(3000)] == ones  # the same seed, the same draws
+    assert recorded_twin({"a": rows}, base)["a"][0].service_time(1) == 0.003  # without spread: the median
 
 
 def test_calibrate_hops_refuses_a_bad_count():

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count
+from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.core.stage import mean_service_time, service_time_fn
-from infergraph_lite.serving.loadtest import run_closed_loop
+from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 from infergraph_lite.simulation.graph import simulate_graph
 
-__all__ = ["HopCalibration", "calibrate_hops", "recorded_twin", "service_table"]
+__all__ = ["HopCalibration", "calibrate_hops", "recorded_turnaround", "recorded_twin", "service_table"]
 
 
 def service_table(sizes: Sequence[float], seconds: Sequence[float]) -> Callable[[float], float]:
@@ -64,7 +64,11 @@ class HopCalibration:
     ``clamped`` says it happened (the lone latency is then not reproduced exactly).
 
     As a pure delay the trip occupies no server, though a worker process is busy for its whole round trip:
-    :meth:`occupying` puts it into each batch's service time instead, and leaves ``outside`` as the delay.
+    :meth:`occupying` puts it into each batch's service time instead.  It also adds each stage's
+    ``turnaround``: after a batch's answer is back its worker thread still answers the batch's requests (their
+    callbacks hand each to its next stage) before it can take the next batch (``BatchRecord.released - end``,
+    median).  A request leaves during that turnaround, so with the turnaround inside the service, the delay that
+    goes with :meth:`occupying` is :attr:`handoff`, the outside part less the turnaround it overlaps.
     """
 
     lone_latency: float
@@ -75,27 +79,39 @@ class HopCalibration:
     clamped: bool = False
     work: dict[str, float] = dataclasses.field(default_factory=dict)
     trip: dict[str, float] = dataclasses.field(default_factory=dict)
+    turnaround: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def per_hop(self) -> float:
         """The mean hop delay per stage entered."""
         return statistics.fmean(self.hop_delay.values())
 
-    def occupying(self, twin: Mapping[str, tuple[Any, Sequence[str]]]) -> dict[str, tuple[Any, Sequence[str]]]:
-        """``twin`` with each stage's ``trip`` added to every batch's service time: the worker is busy for it.
+    @property
+    def handoff(self) -> float:
+        """The delay per stage entered to simulate :meth:`occupying`'s twin with: ``outside`` less the mean
+        turnaround (a request leaves its stage while its worker is still answering the batch), held at 0."""
+        turnaround = statistics.fmean(self.turnaround.values()) if self.turnaround else 0.0
+        return max(self.outside - turnaround, 0.0)
 
-        Simulate it with ``hop_delay=calibration.outside``: a lone request then takes what it takes with
-        ``hop_delay=calibration.hop_delay``, and under load a queue grows behind the round trips too.
+    def occupying(self, twin: Mapping[str, tuple[Any, Sequence[str]]]) -> dict[str, tuple[Any, Sequence[str]]]:
+        """``twin`` with each stage's ``trip`` and ``turnaround`` added to every batch's service time: the
+        worker is busy for both.
+
+        Simulate it with ``hop_delay=calibration.handoff``: a lone request then takes what it takes with
+        ``hop_delay=calibration.hop_delay``, and under load a queue grows behind the round trips and the
+        turnarounds too.
 
         >>> from infergraph_lite.core.stage import Stage
-        >>> hops = HopCalibration(0.0, 0.0, {"a": 0.003}, 0.0, {"a": 0.001}, work={"a": 0.002}, trip={"a": 0.001})
-        >>> hops.occupying({"a": (Stage(service_time=0.002), ["request"])})["a"][0].service_time(4)
-        0.003
+        >>> hops = HopCalibration(0.0, 0.0, {"a": 0.003}, 0.0005, {"a": 0.0015}, work={"a": 0.002},
+        ...                       trip={"a": 0.001}, turnaround={"a": 0.0002})
+        >>> s = hops.occupying({"a": (Stage(service_time=0.002), ["request"])})["a"][0].service_time
+        >>> round(s(4), 9), round(hops.handoff, 9)
+        (0.0032, 0.0003)
         """
         result = {}
         for name, (stage, deps) in twin.items():
             base = service_time_fn(stage.service_time, allow_zero=True)
-            extra = max(self.trip.get(name, 0.0), 0.0)
+            extra = max(self.trip.get(name, 0.0), 0.0) + max(self.turnaround.get(name, 0.0), 0.0)
             result[name] = (dataclasses.replace(stage, service_time=lambda b, base=base, extra=extra: base(b) + extra),
                             deps)
         return result
@@ -103,12 +119,20 @@ class HopCalibration:
 
 def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], make_item: Callable[[int], Any],
                    n_requests: int = 100, inputs: Sequence[str] = ("request",), *,
-                   work_from: str = "twin") -> HopCalibration:
-    """Send ``n_requests`` lone requests (one client, closed loop) and measure each stage's hop delay.
+                   work_from: str = "twin", spacing: float | None = None) -> HopCalibration:
+    """Send ``n_requests`` lone requests and measure each stage's hop delay.
 
     ``server`` is a warm :class:`~infergraph_lite.serving.graph_server.GraphServer` serving the graph whose
     ``twin`` (the same dict with ``service_time`` s) is given.  Light load only: nothing queues, so what a
-    lone request takes above the twin's latency is hand-off, not waiting.  The work a hop is measured above is
+    lone request takes above the twin's latency is hand-off, not waiting.  Latencies are the server's own
+    (``server.records``: submitted until its last stage finished), so a load generator's lateness is not
+    counted as a hop.  ``spacing=None`` sends them back to
+    back (one client, closed loop: each as soon as the last one is answered); a number of seconds sends one
+    every ``spacing`` seconds (open loop), so that each finds the server idle, as most requests at light load do.
+    That is slower: a process that sat idle takes longer to wake, and its caches have gone cold (on a 2-core
+    VM, 20 ms apart cost ~0.8 ms more per request than back to back, in the work and in every hand-off).  A
+    spacing below the lone requests' median latency would queue them behind each other, and is refused.
+    The work a hop is measured above is
     the twin's ``service_time(1)``, or with ``work_from="records"`` the CPU seconds the server recorded for these
     very batches, where they ran (``recorded_twin(..., measure="work")``): then a profile taken at another
     moment, on a machine whose load changed since, cannot make a round trip look shorter than its work.  For a
@@ -131,12 +155,24 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     n_requests = check_count("n_requests", n_requests)
     if work_from not in ("twin", "records"):
         raise ValueError(f"calibrate_hops: work_from must be 'twin' or 'records', got {work_from!r}")
+    if spacing is not None:
+        spacing = check_number("spacing", spacing)
     marks = {name: len(rows) for name, rows in server.stage_records().items()}
-    report = run_closed_loop(server, n_clients=1, n_requests=n_requests, make_item=make_item)
+    first = len(server.records) if hasattr(server, "records") else None
+    batchers = getattr(server, "batchers", {})
+    batch_marks = {name: len(batcher.batches) for name, batcher in batchers.items()}
+    if spacing is None:
+        report = run_closed_loop(server, n_clients=1, n_requests=n_requests, make_item=make_item)
+    else:
+        report = run_open_loop(server, np.arange(n_requests) * spacing, make_item)
     if report.failed or report.refused or len(report.latencies) == 0:
         raise RuntimeError(f"calibrate_hops: {report.failed} lone requests failed and {report.refused} were "
                            "refused; a calibration needs them all answered")
-    lone = float(np.median(report.latencies))
+    # As the server saw them (submit -> last stage done): a client's own lateness is no hop of the server's
+    lone = float(np.median([r.latency for r in server.records[first:]] if first is not None else report.latencies))
+    if spacing is not None and lone >= spacing:
+        raise ValueError(f"calibrate_hops: spacing={spacing:g} s is shorter than a lone request's median latency "
+                         f"({lone:.3g} s), so the requests queued behind each other; give a longer spacing")
     records = {name: rows[marks[name]:] for name, rows in server.stage_records().items()}
     round_trip = {name: float(np.median([r.service_time for r in records[name]])) for name in twin}
     base = recorded_twin(records, twin, measure="work") if work_from == "records" else twin
@@ -149,17 +185,43 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     raw = {name: trip[name] + raw_outside for name in twin}
     clamped = raw_outside < 0 or any(d < 0 for d in raw.values())
     hop_delay = {name: max(d, 0.0) for name, d in raw.items()}
-    return HopCalibration(lone, twin_lone, round_trip, max(raw_outside, 0.0), hop_delay, clamped, work, trip)
+    turnaround = recorded_turnaround({name: batchers[name].batches[batch_marks[name]:] for name in twin
+                                      if name in batchers})
+    return HopCalibration(lone, twin_lone, round_trip, max(raw_outside, 0.0), hop_delay, clamped, work, trip,
+                          turnaround)
+
+
+def recorded_turnaround(batches: Mapping[str, Sequence[Any]]) -> dict[str, float]:
+    """Each stage's median turnaround: ``released - end`` over its batches (``BatchRecord`` s).
+
+    ``batches`` maps a stage to its batches of one run (``server.batchers[name].batches[mark:]``).  A batch whose
+    answers are not all out yet has no ``released`` (NaN) and is left out; a stage with none left gets 0.
+
+    >>> from infergraph_lite.serving.metrics import BatchRecord
+    >>> recorded_turnaround({"a": [BatchRecord(0, 1, 0.0, 1.0, released=1.25), BatchRecord(1, 1, 2.0, 3.0)]})
+    {'a': 0.25}
+    """
+    result = {}
+    for name, rows in batches.items():
+        gaps = [b.released - b.end for b in rows if not np.isnan(b.released)]
+        result[name] = float(np.median(gaps)) if gaps else 0.0
+    return result
 
 
 def recorded_twin(records: Mapping[str, Sequence[Any]], base: Mapping[str, tuple[Any, Sequence[str]]], *,
-                  measure: str = "service_time") -> dict[str, tuple[Any, Sequence[str]]]:
+                  measure: str = "service_time", spread: bool = False,
+                  seed: int = 0) -> dict[str, tuple[Any, Sequence[str]]]:
     """``base`` with each stage's service time per batch size as its stage recorded it during a run (medians).
 
     ``records`` is :meth:`GraphServer.stage_records` sliced to one run.  ``measure`` says which record:
     ``"service_time"`` (each batch's wall time, everything the stage waited for included) or ``"work"`` (the
     CPU seconds its function used, where it ran).  A stage that saw one batch size gets that size's time for
     every batch size at or above it (and proportionally less below).
+
+    With ``spread=True`` the batches vary as the run's did: each batch takes its size's median times a ratio
+    drawn (seeded) from that run's records of the nearest size seen (record / its size's median).  A queue
+    waits longer behind varying service times than behind their median (Pollaczek-Khinchine: the mean wait
+    grows with the service time's second moment), and a skewed record's mean lies above its median.
 
     >>> from infergraph_lite.core.stage import Stage
     >>> from infergraph_lite.serving.metrics import RequestRecord
@@ -171,11 +233,15 @@ def recorded_twin(records: Mapping[str, Sequence[Any]], base: Mapping[str, tuple
     (0.003, 0.005)
     >>> recorded_twin({"a": rows}, base, measure="work")["a"][0].service_time(2)
     0.004
+    >>> varied = [RequestRecord(0.0, t, 1) for t in (0.001, 0.002, 0.006)]
+    >>> s = recorded_twin({"a": varied}, base, spread=True)["a"][0].service_time
+    >>> sorted({round(s(1), 6) for _ in range(100)})
+    [0.001, 0.002, 0.006]
     """
     if measure not in ("service_time", "work"):
         raise ValueError(f"recorded_twin: measure must be 'service_time' or 'work', got {measure!r}")
     result = {}
-    for name, (stage, deps) in base.items():
+    for index, (name, (stage, deps)) in enumerate(base.items()):
         rows = records[name]
         if not rows:
             raise ValueError(f"recorded_twin: stage {name!r} recorded no requests in this run")
@@ -185,9 +251,22 @@ def recorded_twin(records: Mapping[str, Sequence[Any]], base: Mapping[str, tuple
             raise ValueError(f"recorded_twin: stage {name!r} has records without a {measure} (NaN)")
         seen = np.unique(sizes)
         medians = [float(np.median(seconds[sizes == b])) for b in seen]
+        ratios = [seconds[sizes == b] / m for b, m in zip(seen, medians)]  # a batch of b is b rows: equal weights
         if len(seen) == 1:  # one size seen: proportional below it, constant above
             seen, medians = np.array([seen[0], seen[0] + 1]), [medians[0], medians[0]]
             if seen[0] > 1:
                 seen, medians = np.array([1, *seen]), [medians[0] / seen[0], *medians]
-        result[name] = (dataclasses.replace(stage, service_time=service_table(seen, medians)), deps)
+        table = service_table(seen, medians)
+        if spread:
+            table = _spread(table, np.unique(sizes), ratios, np.random.default_rng([seed, index]))
+        result[name] = (dataclasses.replace(stage, service_time=table), deps)
     return result
+
+
+def _spread(table: Callable[[float], float], sizes: np.ndarray, ratios: list[np.ndarray],
+            rng: np.random.Generator) -> Callable[[float], float]:
+    # s(b) times a ratio drawn from the records of the seen size nearest to b (the smaller one on a tie)
+    def service_time(size: float) -> float:
+        pool = ratios[int(np.argmin(np.abs(sizes - size)))]
+        return table(size) * float(pool[rng.integers(len(pool))])
+    return service_time
