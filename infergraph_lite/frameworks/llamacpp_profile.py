@@ -325,7 +325,10 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     fitted over a range of contexts instead of extrapolated) and ``n_predict`` output tokens sent together.
     ``mixed=True``: for each concurrency below ``n_parallel`` and for ``n_parallel - 1``, one more request (a
     prompt of one of ``prefill_lengths``, in turn) joins ``c`` decoding ones halfway, every repeat; the step that
-    prefills it beside their decodes, found by :func:`mixed_gap`, is a *mixed* sample (the model's ``e`` term).
+    prefills it beside their decodes, found by :func:`mixed_gap`, is a *mixed* sample; one shorter than the lone
+    prefill of its prompt is a misread gap, left out (``profile.misread``).  Every sample carries the micro-batches
+    its step ran, from the slots the server reports (:func:`slot_runs` of the decoding requests' slots, one more
+    for a prefill beside them: the model's ``e`` term), and the model is told the server's ``n_parallel`` slots.
     Each of ``prefill_lengths`` is measured ``repeats`` times alone: its step is the server's ``prompt_ms``, and
     the client's time to first token beyond it, and its end beyond the last token, are the model's
     ``request_overhead`` and ``response_overhead`` (medians over all lone requests).  Every request is bounded by
