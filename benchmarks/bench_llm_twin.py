@@ -2,8 +2,11 @@
 
 For 1 slot and for 8 slots: start llama.cpp on the 12M tiny random model (written locally, nothing downloaded),
 profile its step time right before the runs (``profile_step_time``: decode steps of 1..n sequences and lone
-prefills, fitted to ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*mixed`` over two prompt lengths
-and with requests joining decoding ones), take the simulated capacity from
+prefills, fitted to ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*extra_batches`` over two prompt
+lengths and with requests joining decoding ones, ``extra_batches`` the micro-batches beyond the first that
+llama.cpp's per-slot KV cache makes a step run: one for a prefill beside decodes, one per further run of
+neighbouring slots that decode; taken again, up to ``PROFILES`` times, while its fit strays from its own lone
+prefills, ``profile.problems``), take the simulated capacity from
 ``simulate_llm`` on a saturated batch, then send open-loop Poisson loads at 0.3, 0.5 and 0.7 of it.  Every
 run's requests are replayed through ``simulate_llm`` with the profile: the same prompt and output lengths and
 the actual send times, so both sides see the same arrivals.  Throughput on both sides is output tokens over
@@ -66,6 +69,7 @@ SHAPE = {"embd": 384, "layers": 6, "ff": 1152, "heads": 6, "kv_heads": 6}     # 
 TARGET = 0.15           # |measured / simulated - 1|
 BUSY = 0.8              # below this share of a core, the server was not running as when profiled
 SENT_TOLERANCE = 0.05   # |sent rate / (label x capacity) - 1|: the load sent is the load labelled
+PROFILES = 3            # a profile whose fit strays from its own lone prefills (profile.problems) is taken again
 
 
 def cpu_seconds(pid: int) -> float:
@@ -160,10 +164,16 @@ def main() -> None:
     results: list[tuple[int, float, dict[str, Any]]] = []
     for slots in (1, 8):
         with LlamaCppServer(model, n_parallel=slots, n_ctx=512 * slots, threads=1) as server:
-            profile = profile_step_time(server, n_predict=24, prefill_lengths=(16, 32, 64), repeats=4)
+            for attempt in range(1, PROFILES + 1):
+                profile = profile_step_time(server, n_predict=24, prefill_lengths=(16, 32, 64), repeats=4)
+                print(f"\n{slots} slot(s), profile {attempt}: {profile.elapsed:.1f} s at load "
+                      f"{profile.load_average[0]:.1f}-{profile.load_average[1]:.1f}: {profile.model}; "
+                      f"{len(profile.misread)} mixed sample(s) shorter than their lone prefill left out")
+                if not profile.problems:
+                    break
+                print("  not used: " + "; ".join(profile.problems))
             cap = capacity(profile, slots, prompts, args.tokens)
-            print(f"\n{slots} slot(s): profiled in {profile.elapsed:.1f} s at load {profile.load_average[0]:.1f}-"
-                  f"{profile.load_average[1]:.1f}: {profile.model}\n  simulated capacity {cap:.1f} req/s")
+            print(f"  simulated capacity {cap:.1f} req/s")
             for k, f in enumerate(loads):
                 rate = f * cap
                 n = int(np.clip(round(rate * args.seconds), 20, 40))

@@ -406,6 +406,58 @@ def test_the_fit_recovers_the_context_and_mixed_step_terms_exactly():
     assert fit_step_time(falling).d == 0.0
 
 
+def test_slot_runs_and_their_expectation_over_random_placements():
+    import itertools
+
+    from infergraph_lite.frameworks.llamacpp_profile import expected_runs, slot_runs
+
+    # llama.cpp's sequential split: one micro-batch per run of neighbouring slot ids, in any order given.
+    assert [slot_runs(s) for s in ([0], [0, 1], [0, 2], [2, 0, 1, 5, 6], [7, 0], [])] == [1, 1, 2, 2, 2, 0]
+    # The expectation over every placement of k sequences in n slots, counted, not assumed.
+    for n in (2, 5, 8):
+        for k in range(n + 1):
+            placements = list(itertools.combinations(range(n), k))
+            assert expected_runs(k, n) == pytest.approx(np.mean([slot_runs(c) for c in placements]))
+    assert expected_runs(3, None) == 1.0 and expected_runs(0, None) == 0.0
+
+
+def test_the_fit_charges_each_extra_micro_batch_and_the_twin_expects_them():
+    # Steps measured with their micro-batches (from the slots): two decodes in slots apart cost two passes.
+    a, b, c, d, e = 0.004, 0.0015, 0.0014, 8e-6, 0.0035
+    def step(p, s, kv, batches):
+        return (p, s, kv, a + b * s + c * p + d * kv + e * (batches - 1), batches)
+    rows = [step(0, s, s * n, runs) for s, runs in ((1, 1), (2, 1), (2, 2), (3, 2), (4, 1), (4, 3), (8, 1))
+            for n in (20, 100)]
+    rows += [step(p, 0, p, 1) for p in (16, 64)]
+    model = fit_step_time(rows, relative=False, slots=8)
+    assert [model.a, model.b, model.c, model.d, model.e] == pytest.approx([a, b, c, d, e], rel=1e-9)
+    # The simulator does not know the slots: it is charged the runs expected at random placement, k - k(k-1)/8.
+    assert model.slots == 8 and model.extra_batches(0, 2) == pytest.approx(0.75)
+    assert model(0, 2, 80) == pytest.approx(a + 2 * b + d * 80 + e * 0.75)
+    assert model(16, 0, 16) == pytest.approx(a + c * 16 + d * 16)                 # a lone prefill: one pass
+    # 3 decodes: 2.25 runs expected, the prefill one more pass: 2.25 beyond the first.
+    assert model(16, 3, 76) == pytest.approx(a + 3 * b + c * 16 + d * 76 + e * (3 - 3 * 2 / 8 + 1 - 1))
+    assert model(0, 8, 800) == pytest.approx(a + 8 * b + d * 800)                  # every slot: one run
+    # Without the slots (one pass for the decodes), only a prefill beside decodes costs e.
+    flat = StepTimeModel(a=a, b=b, c=c, d=d, e=e)
+    assert flat(0, 2, 80) == pytest.approx(a + 2 * b + d * 80) and flat.extra_batches(16, 4) == 1.0
+    with pytest.raises(ValueError, match="samples"):
+        fit_step_time([(0, 1), (0, 2)])
+
+
+def test_a_profile_whose_fit_strays_from_its_lone_prefills_says_so():
+    from infergraph_lite.frameworks.llamacpp_profile import StepSample, StepTimeProfile
+
+    prefill = {16: 0.027, 32: 0.050, 64: 0.094}                   # 1.4 ms per prompt token
+    samples = (StepSample(0, 2, 40, 0.011, "decode", 2), StepSample(16, 1, 36, 0.032, "mixed", 2))
+    good = StepTimeProfile(StepTimeModel(a=0.004, b=0.0015, c=0.00146, e=0.0035), samples, prefill=prefill)
+    assert good.problems == ()
+    halved = StepTimeProfile(StepTimeModel(a=0.004, b=0.0015, c=0.0005, e=0.0035), samples, prefill=prefill)
+    no_e = StepTimeProfile(StepTimeModel(a=0.004, b=0.0015, c=0.0014), samples, prefill=prefill)
+    assert ["25 %" in p for p in halved.problems] == [True]
+    assert ["e = 0" in p for p in no_e.problems] == [True]
+
+
 def test_the_mixed_step_is_read_from_the_decoding_streams_or_not_at_all():
     from infergraph_lite.frameworks.llamacpp_profile import mixed_gap
 
@@ -458,6 +510,12 @@ def test_the_profile_measures_the_live_server(server8):
     assert all(s.prefill_tokens in (8, 128) and s.decode_seqs in (1, 4, 7) for s in mixed)
     assert all(v >= 0 for v in profile.model.coefficients.values())
     assert profile(0, 4, 100) > 0 and profile.model.n_samples == len(profile.samples)
+    # Every step knows its micro-batches from the slots the server reported: a mixed one at least two, and none
+    # kept is shorter than the lone prefill of its prompt (such a gap is a misread one, left out).
+    assert all(s.micro_batches >= (2 if s.kind == "mixed" else 1) for s in profile.samples)
+    assert all(s.seconds >= profile.prefill[s.prefill_tokens] for s in mixed)
+    assert all(s.seconds < profile.prefill[s.prefill_tokens] for s in profile.misread)
+    assert profile.model.slots == 8
     # The prefill step is the server's own prompt time; what the client saw beyond it is the request overhead.
     assert all(0 < profile.prefill[p] < profile.ttft[p] for p in (8, 128))
     assert 0 < profile.request_overhead < min(profile.ttft.values()) and profile.response_overhead >= 0

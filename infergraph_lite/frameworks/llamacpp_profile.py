@@ -8,9 +8,10 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
   tokens of context; measured at two prompt lengths, so the context term is fitted, not extrapolated;
 - *mixed*: a request joins ``c`` decoding ones: the step that prefills it beside their decodes.  llama.cpp here
   keeps a KV cache per slot (``kv_unified = false``) and cuts a batch into micro-batches with the same number
-  of tokens from every sequence, so such a step runs the prefill as a pass of its own: measured on the 12M
-  model, 4 decodes + a 16-token prefill took 50-53 ms where the decode step alone took 17 and the prefill
-  alone 27-33;
+  of tokens from every sequence, each over a run of consecutive slots (``split_equal(n_ubatch, sequential)``),
+  so such a step runs the prefill as a pass of its own, and sequences decoding in slots 0 and 2 run as two
+  passes: measured on the 12M model (8 slots, contexts under 60 tokens), two sequences decoded in 7.4 ms a step
+  in neighbouring slots and in 10.8 ms in others, about two one-sequence steps (5.4 ms each);
 - *prefill*: one request alone with a ``p``-token prompt: the server's own ``timings.prompt_ms`` is one step
   that prefills ``p`` tokens (and samples the first output token);
 - *overheads*: what the same lone request spent outside that step.  Its client-side time to first token
@@ -19,14 +20,17 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
   notebook 07 makes for Triton's gRPC hop.  Its end-to-end time minus its last token's arrival is the
   *response overhead* (the stream's closing event).
 
-:func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*mixed`` to such rows by
-least squares (numpy only; a coefficient the data would make negative is held at 0), and returns a
-:class:`StepTimeModel`, a callable the simulator takes as it is, carrying the two overheads
-(``simulate_llm`` reads them from it).
+:func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*extra_batches`` to such rows
+by least squares (numpy only; a coefficient the data would make negative is held at 0), ``extra_batches`` being
+the micro-batches a step ran beyond its first (read from the slots the server says each request ran in), and
+returns a :class:`StepTimeModel`, a callable the simulator takes as it is, carrying the two overheads
+(``simulate_llm`` reads them from it).  The simulator does not place sequences in slots, so the model charges the
+micro-batches expected when the decoding sequences sit in ``slots`` slots at random (:func:`expected_runs`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -41,9 +45,40 @@ from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
 from infergraph_lite.frameworks.llamacpp_model import prompt_of
 
-__all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "fit_step_time", "mixed_gap", "profile_step_time"]
+__all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "expected_runs", "fit_step_time", "mixed_gap",
+           "profile_step_time", "slot_runs"]
 
-FEATURES = ("decode_seqs", "prefill_tokens", "kv_tokens", "mixed")
+FEATURES = ("decode_seqs", "prefill_tokens", "kv_tokens", "extra_batches")
+
+
+def slot_runs(slots: Sequence[int]) -> int:
+    """How many runs of consecutive slot ids ``slots`` hold: the micro-batches llama.cpp cuts their decodes into.
+
+    With a KV cache per slot, llama.cpp's ``split_equal(n_ubatch, sequential=true)`` puts into one micro-batch only
+    sequences whose ids follow each other, so sequences decoding in slots 0, 1 and 5 make two passes.
+
+    >>> slot_runs([0, 1, 5]), slot_runs([3, 2, 4]), slot_runs([]), slot_runs([7, 0])
+    (2, 1, 0, 2)
+    """
+    ids = sorted({int(v) for v in slots})
+    return len(ids) - sum(1 for x, y in itertools.pairwise(ids) if y == x + 1)
+
+
+def expected_runs(k: float, slots: int | None) -> float:
+    """Mean :func:`slot_runs` of ``k`` sequences in ``k`` of ``slots`` slots chosen at random: ``k - k(k-1)/slots``.
+
+    Each of the ``slots - 1`` neighbouring pairs holds two of them with probability ``k(k-1) / (slots(slots-1))``,
+    and every such pair joins two runs.  ``slots=None``: every sequence in one run (a shared cache), 1 for ``k >= 1``.
+
+    >>> expected_runs(2, 8), expected_runs(8, 8), expected_runs(0, 8), expected_runs(3, None)
+    (1.75, 1.0, 0.0, 1.0)
+    """
+    if k <= 0:
+        return 0.0
+    if slots is None:
+        return 1.0
+    k = min(float(k), float(slots))
+    return k - k * (k - 1) / slots
 
 
 @dataclass(frozen=True)
@@ -54,18 +89,30 @@ class StepSample:
     decode_seqs: int
     kv_tokens: int
     seconds: float
-    kind: str = ""          # "decode" or "prefill"
+    kind: str = ""          # "decode", "mixed" or "prefill"
+    micro_batches: int = 0  # passes the step ran (from the slots); 0: unknown, 1 + mixed taken
+
+    @property
+    def extra_batches(self) -> int:
+        """Micro-batches beyond the first: measured, or 1 for a step holding both a prefill and decodes."""
+        if self.micro_batches:
+            return self.micro_batches - 1
+        return int(self.prefill_tokens > 0 and self.decode_seqs > 0)
 
 
 @dataclass(frozen=True)
 class StepTimeModel:
-    """One llama.cpp step: ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*mixed`` seconds.
+    """One llama.cpp step: ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*extra_batches`` seconds.
 
     Seconds per step.  ``kv_tokens`` is the context the step's sequences hold in the KV cache, summed over
-    them.  ``mixed`` is 1 for a step that holds both a prefill and decoding sequences, else 0: llama.cpp with a
-    KV cache per slot (``kv_unified = false``, the server's default here) cuts such a step into micro-batches
-    that take the same number of tokens from every sequence, so the prefill runs as a pass of its own and the
-    step pays a second fixed cost ``e``.  ``rmse`` is the fit's root-mean-square error over the samples it was
+    them.  ``extra_batches`` is how many micro-batches the step runs beyond its first, each paying a fixed cost
+    ``e``: llama.cpp with a KV cache per slot (``kv_unified = false``, the server's default here) cuts a step into
+    micro-batches that take the same number of tokens from every sequence and hold only sequences in consecutive
+    slots, so a prefill beside decodes is a pass of its own, and so is every run of neighbouring slots that
+    decode.  Where the sequences sit is the server's choice, not the simulator's: with ``slots`` set, a step's
+    ``decode_seqs`` are taken to sit in that many slots at random (:func:`expected_runs`); with ``slots=None``, in
+    one pass (then ``extra_batches`` is 1 for a step holding a prefill and decodes, else 0; see
+    :meth:`extra_batches`).  ``rmse`` is the fit's root-mean-square error over the samples it was
     fitted to (seconds), and
     ``worst_relative_error`` its largest |predicted - measured| / measured there.  ``request_overhead`` and
     ``response_overhead`` (seconds) are a request's time outside the steps, before its first step may run and
@@ -78,6 +125,8 @@ class StepTimeModel:
     0.012
     >>> round(StepTimeModel(a=0.002, b=0.001, c=0.0001, e=0.003)(10, 2, 40), 6)    # prefill beside decodes
     0.008
+    >>> StepTimeModel(a=0.002, b=0.001, c=0.0001, e=0.003, slots=8).extra_batches(0, 2)   # 2 of 8 slots at random
+    0.75
     """
 
     a: float
@@ -90,20 +139,27 @@ class StepTimeModel:
     n_samples: int = 0
     request_overhead: float = 0.0
     response_overhead: float = 0.0
+    slots: int | None = None
+
+    def extra_batches(self, prefill_tokens: float, decode_seqs: float) -> float:
+        """Micro-batches beyond the first a step is expected to run: its decode runs, plus one for a prefill."""
+        runs = expected_runs(decode_seqs, self.slots) + (1.0 if prefill_tokens > 0 else 0.0)
+        return max(0.0, runs - 1.0)
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
-        mixed = 1.0 if prefill_tokens > 0 and decode_seqs > 0 else 0.0
-        return self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens + self.e * mixed
+        return (self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens
+                + self.e * self.extra_batches(prefill_tokens, decode_seqs))
 
     @property
     def coefficients(self) -> dict[str, float]:
-        """``{'a', 'b', 'c', 'd', 'e'}``: seconds, per sequence, per prompt token, per KV token, per mixed step."""
+        """``{'a', 'b', 'c', 'd', 'e'}``: seconds, per sequence, per prompt token, per KV token, per extra pass."""
         return {"a": self.a, "b": self.b, "c": self.c, "d": self.d, "e": self.e}
 
     def __str__(self) -> str:
         return (f"step = {1e3 * self.a:.3f} ms + {1e3 * self.b:.3f} ms x decode_seqs + "
                 f"{1e3 * self.c:.4f} ms x prefill_tokens + {1e3 * self.d:.5f} ms x kv_tokens + "
-                f"{1e3 * self.e:.3f} ms x mixed "
+                f"{1e3 * self.e:.3f} ms x extra_batches"
+                + (f" (decodes in {self.slots} slots at random)" if self.slots else "") + " "
                 f"(rmse {1e3 * self.rmse:.3f} ms, worst {100 * self.worst_relative_error:.0f} %, "
                 f"{self.n_samples} samples)"
                 + (f"; per request {1e3 * self.request_overhead:.2f} ms before its first step, "
@@ -111,15 +167,17 @@ class StepTimeModel:
                    if self.request_overhead or self.response_overhead else ""))
 
 
-def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True
-                  ) -> StepTimeModel:
-    """Least-squares fit of ``a + b*decode_seqs + c*prefill_tokens (+ d*kv_tokens) + e*mixed`` to measured steps.
+def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True,
+                  slots: int | None = None) -> StepTimeModel:
+    """Least-squares fit of ``a + b*decode_seqs + c*prefill_tokens (+ d*kv_tokens) + e*extra_batches`` to steps.
 
-    ``samples`` are :class:`StepSample` or rows ``(prefill_tokens, decode_seqs, kv_tokens, seconds)``; a row
-    with both ``prefill_tokens`` and ``decode_seqs`` above 0 is a mixed step (the ``e`` term; without such rows
-    ``e = 0``).  ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes out negative
-    (noise, or a term the samples do not vary) is held at 0 and the rest refitted, so the model never predicts
-    that more work takes less time.  ``relative=True`` (default) minimises the squared *relative* error, so a
+    ``samples`` are :class:`StepSample` or rows ``(prefill_tokens, decode_seqs, kv_tokens, seconds)``, optionally
+    with a fifth column, the micro-batches the step ran (0: unknown).  Where that is not known, a step holding both
+    a prefill and decodes (a mixed step) ran one extra micro-batch and any other none; without extra micro-batches
+    in the rows, ``e = 0``.  ``slots`` is passed on to the model (where the simulator's decodes are taken to sit,
+    see :class:`StepTimeModel`).  ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes
+    out negative (noise, or a term the samples do not vary) is held at 0 and the rest refitted, so the model never
+    predicts that more work takes less time.  ``relative=True`` (default) minimises the squared *relative* error, so a
     2 ms step is fitted as closely as a 200 ms one (plain least squares lets the long prefill steps decide,
     and a one-sequence server's every step would be mispredicted by the misfit at small batches).
 
@@ -132,19 +190,27 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     ...          for p in (16, 64)]
     >>> round(fit_step_time(rows).e * 1e6)
     3000
+    >>> rows += [(0, 2, 40, 0.002 + 0.002 + 4e-5 + 0.003, 2)]      # two decodes in slots apart: two micro-batches
+    >>> round(fit_step_time(rows).e * 1e6)
+    3000
     >>> fit_step_time([])
     Traceback (most recent call last):
     ValueError: samples: need at least 2 measured steps to fit a step time, got 0
     """
-    rows = np.asarray([(s.prefill_tokens, s.decode_seqs, s.kv_tokens, s.seconds) if isinstance(s, StepSample)
-                       else tuple(s) for s in samples], dtype=float).reshape(-1, 4)
+    listed = [(s.prefill_tokens, s.decode_seqs, s.kv_tokens, s.seconds, s.micro_batches)
+              if isinstance(s, StepSample) else (*s, 0)[:5] for s in samples]
+    if any(len(r) < 4 for r in listed):
+        raise ValueError("samples: each row needs prefill_tokens, decode_seqs, kv_tokens and seconds")
+    rows = np.asarray(listed, dtype=float).reshape(-1, 5)
     if len(rows) < 2:
         raise ValueError(f"samples: need at least 2 measured steps to fit a step time, got {len(rows)}")
     if not np.all(np.isfinite(rows)) or np.any(rows < 0):
-        raise ValueError("samples: every prefill_tokens, decode_seqs, kv_tokens and seconds must be finite and >= 0")
-    prefill, seqs, kv_tokens, seconds = rows.T
+        raise ValueError("samples: every prefill_tokens, decode_seqs, kv_tokens, seconds and micro_batches must be "
+                         "finite and >= 0")
+    prefill, seqs, kv_tokens, seconds, batches = rows.T
     mixed = ((prefill > 0) & (seqs > 0)).astype(float)
-    columns = {"a": np.ones(len(rows)), "b": seqs, "c": prefill, "d": kv_tokens, "e": mixed}
+    extra = np.where(batches > 0, np.maximum(batches - 1, 0), mixed)     # measured, or one for a mixed step
+    columns = {"a": np.ones(len(rows)), "b": seqs, "c": prefill, "d": kv_tokens, "e": extra}
     active = ["a", "b", "c", "d", "e"] if kv else ["a", "b", "c", "e"]
     active = [k for k in active if k == "a" or columns[k].any()]
     coef: dict[str, float] = {}
@@ -161,7 +227,7 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     predicted = sum(full[k] * columns[k] for k in full)
     rmse = float(np.sqrt(np.mean((predicted - seconds) ** 2)))
     worst = float(np.max(np.abs(predicted - seconds) / np.maximum(seconds, 1e-9)))
-    return StepTimeModel(**full, rmse=rmse, worst_relative_error=worst, n_samples=len(rows))
+    return StepTimeModel(**full, rmse=rmse, worst_relative_error=worst, n_samples=len(rows), slots=slots)
 
 
 @dataclass(frozen=True)
@@ -183,6 +249,26 @@ class StepTimeProfile:
     ttft: dict[int, float] = field(default_factory=dict)
     elapsed: float = 0.0
     load_average: tuple[float, float] = (math.nan, math.nan)    # 1-minute load average before and after
+    misread: tuple[StepSample, ...] = ()      # mixed samples left out: shorter than the lone prefill of their prompt
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the fitted model should not be used (empty: none found); profile again instead.
+
+        The prefill coefficient ``c`` must be within 25 % of the lone prefills' own slope (seconds per prompt token,
+        fitted to :attr:`prefill`), and where the samples hold steps of more than one micro-batch, ``e`` must be
+        above 0: a fit that holds either off has taken a misread step for a real one.
+        """
+        found = []
+        if len(self.prefill) >= 2:
+            lengths = np.array(sorted(self.prefill), dtype=float)
+            slope = float(np.polyfit(lengths, [self.prefill[int(p)] for p in lengths], 1)[0])
+            if slope > 0 and abs(self.model.c / slope - 1) > 0.25:
+                found.append(f"c = {1e3 * self.model.c:.3f} ms per prompt token, the lone prefills' slope "
+                             f"{1e3 * slope:.3f}: more than 25 % apart")
+        if self.model.e == 0 and any(s.extra_batches > 0 for s in self.samples):
+            found.append("e = 0 although steps of more than one micro-batch were measured")
+        return tuple(found)
 
     def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
         return self.model(prefill_tokens, decode_seqs, kv_tokens)
@@ -239,7 +325,10 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     fitted over a range of contexts instead of extrapolated) and ``n_predict`` output tokens sent together.
     ``mixed=True``: for each concurrency below ``n_parallel`` and for ``n_parallel - 1``, one more request (a
     prompt of one of ``prefill_lengths``, in turn) joins ``c`` decoding ones halfway, every repeat; the step that
-    prefills it beside their decodes, found by :func:`mixed_gap`, is a *mixed* sample (the model's ``e`` term).
+    prefills it beside their decodes, found by :func:`mixed_gap`, is a *mixed* sample; one shorter than the lone
+    prefill of its prompt is a misread gap, left out (``profile.misread``).  Every sample carries the micro-batches
+    its step ran, from the slots the server reports (:func:`slot_runs` of the decoding requests' slots, one more
+    for a prefill beside them: the model's ``e`` term), and the model is told the server's ``n_parallel`` slots.
     Each of ``prefill_lengths`` is measured ``repeats`` times alone: its step is the server's ``prompt_ms``, and
     the client's time to first token beyond it, and its end beyond the last token, are the model's
     ``request_overhead`` and ``response_overhead`` (medians over all lone requests).  Every request is bounded by
@@ -285,8 +374,8 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
         client.complete(CompletionRequest(prompt_of(prompts[0]), 4))      # warm-up: caches, threads
         # Repeats outermost: each round measures every concurrency and prompt length once, so a change in the
         # machine's load during the profile moves all of them alike instead of one.
-        gaps_by_step: dict[tuple[int, int], list[list[float]]] = {
-            (c, q): [[] for _ in range(n_predict - 1)] for c in concurrencies for q in prompts}
+        # Keyed by the micro-batches the decodes ran in too (the runs of neighbouring slots the c requests got).
+        gaps_by_step: dict[tuple[int, int, int], list[list[float]]] = {}
         ttfts: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         prompt_steps: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         before: list[float] = []
@@ -296,9 +385,11 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
             for c in concurrencies:
                 for q in prompts:
                     done = _together(client, [CompletionRequest(prompt_of(q), n_predict)] * c, timeout)
+                    key = (c, q, _micro_batches(d.slot for d in done))
+                    by_step = gaps_by_step.setdefault(key, [[] for _ in range(n_predict - 1)])
                     for completion in done:
                         for j, gap in enumerate(completion.gaps.tolist()):
-                            gaps_by_step[c, q][j].append(gap)
+                            by_step[j].append(gap)
                     if q == prompts[0]:
                         halfway[c] = max(float(d.token_times[n_predict // 2]) for d in done)
             for k, c in enumerate(joins):
@@ -314,27 +405,40 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                 prompt_steps[p].append(step)
                 before.append(lone.ttft - step)
                 after.append(lone.e2e - float(lone.token_times[-1]))
+        for (c, q, batches), by_step in sorted(gaps_by_step.items()):
+            # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
+            # step of c sequences, each holding q + j + 1 tokens.  Four samples per c, prompt length and
+            # micro-batches (medians over runs of gaps), so that decode steps do not outweigh the prefill samples.
+            for steps in np.array_split(np.arange(1, n_predict - 1), min(4, n_predict - 2)):
+                gaps = [g for j in steps.tolist() for g in by_step[j]]
+                context = q + 1 + float(np.mean(steps))
+                samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode", batches))
         for c in concurrencies:
-            for q in prompts:
-                # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
-                # step of c sequences, each holding q + j + 1 tokens.  Four samples per c and prompt length
-                # (medians over runs of gaps), so that decode steps do not outweigh the few prefill samples.
-                for steps in np.array_split(np.arange(1, n_predict - 1), min(4, n_predict - 2)):
-                    gaps = [g for j in steps.tolist() for g in gaps_by_step[c, q][j]]
-                    context = q + 1 + float(np.mean(steps))
-                    samples.append(StepSample(0, c, round(c * context), float(np.median(gaps)), "decode"))
-            decode[c] = float(np.median([g for row in gaps_by_step[c, prompts[0]][1:] for g in row]))
+            decode[c] = float(np.median([g for (cc, q, _), by_step in gaps_by_step.items() if (cc, q) == (c, prompts[0])
+                                         for row in by_step[1:] for g in row]))
         for p in prefill_lengths:
             prefill[p] = float(np.median(prompt_steps[p]))
             ttft[p] = float(np.median(ttfts[p]))
-            samples.append(StepSample(p, 0, p, prefill[p], "prefill"))
+            samples.append(StepSample(p, 0, p, prefill[p], "prefill", 1))
+        # A step that prefilled p tokens beside decodes cannot be shorter than the lone prefill of p tokens: such a
+        # gap was misread from the streams (a decode step's tokens placed beside the joiner's), and left out.
+        misread = [s for s in samples if s.kind == "mixed" and s.seconds < prefill.get(s.prefill_tokens, 0.0)]
+        samples = [s for s in samples if s not in misread]
     finally:
         if own:
             client.close()
-    model = replace(fit_step_time(samples, kv=kv), request_overhead=max(0.0, float(np.median(before))),
+    slots = n_parallel if n_parallel and n_parallel > 1 else None
+    model = replace(fit_step_time(samples, kv=kv, slots=slots), request_overhead=max(0.0, float(np.median(before))),
                     response_overhead=max(0.0, float(np.median(after))))
     return StepTimeProfile(model=model, samples=tuple(samples), decode=decode, prefill=prefill, ttft=ttft,
-                           elapsed=time.perf_counter() - start, load_average=(load_before, _load_average()))
+                           elapsed=time.perf_counter() - start, load_average=(load_before, _load_average()),
+                           misread=tuple(misread))
+
+
+def _micro_batches(slots: Any) -> int:
+    # The runs of neighbouring slots the requests ran in (0: a slot the server did not report).
+    slots = list(slots)
+    return 0 if not slots or min(slots) < 0 else slot_runs(slots)
 
 
 def _mixed_step(client: LlamaCppClient, c: int, prompt: int, n_predict: int, p: int, wait_s: float,
@@ -353,7 +457,8 @@ def _mixed_step(client: LlamaCppClient, c: int, prompt: int, n_predict: int, p: 
     if found is None:
         return None
     i, seconds = found
-    return StepSample(p, c, c * (prompt + i + 1) + p, seconds, "mixed")
+    decoding = _micro_batches(f.result().slot for f in running)
+    return StepSample(p, c, c * (prompt + i + 1) + p, seconds, "mixed", decoding + 1 if decoding else 0)
 
 
 def mixed_gap(decoding: Sequence[np.ndarray], joined_at: float, tolerance: float = 3e-3
