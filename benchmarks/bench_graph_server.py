@@ -24,8 +24,8 @@ and for the turnaround (answering the batch: ``released - end``); the parent's h
 a delay per stage entered (``HopCalibration.occupying``, ``hop_delay=hops.handoff``).  Trip, turnaround and
 hand-off come from 150 lone requests 20 ms apart before the load runs (``calibrate_hops(..., work_from="records",
 spacing=0.02)``); no latency of a load run enters the twin.  Spaced, each calibration request finds the server
-idle, as most requests do at light load; back to back they find every process awake and warm, which is faster,
-and the difference (what an idle gap costs) is printed.  Latencies on both sides are the server's own (submitted
+idle, as most requests do at light load; back to back (closed loop) they are faster, and the difference (what an
+idle gap costs) is printed.  Latencies on both sides are the server's own (submitted
 until the last stage finished); the load generator's lateness (the client's latency less the server's) is
 printed apart.
 
@@ -164,7 +164,7 @@ def threads_vs_processes() -> None:
             run_open_loop(server, np.zeros(40), make_request)  # warm-up
         # Calibration, before and apart from the validation runs: lone requests give each stage's hop delay.
         # Spaced 20 ms apart, each finds the server idle, as most requests at light load do; back to back (closed
-        # loop) they find every process awake and warm, and that is measured too, for the difference.
+        # loop) they are faster, and that is measured too, for the difference.
         warm = calibrate_hops(servers["processes"], twin, make_request, n_requests=150, work_from="records")
         hops = calibrate_hops(servers["processes"], twin, make_request, n_requests=150, work_from="records",
                               spacing=SPACING)
@@ -247,7 +247,7 @@ def threads_vs_processes() -> None:
           f"the parent's hand-off outside it {hops.outside * 1e3:.3f} ms per hop ({hops.handoff * 1e3:.3f} beyond "
           f"the turnaround); the twin's capacity with them {capacity:.0f} req/s; the loads are fractions of the "
           f"saturated throughput measured just before them: {' '.join(f'{r:.0f}' for r in rates)} req/s")
-    print(f"  back to back instead (closed loop, every process awake): median {warm.lone_latency * 1e3:.3f} ms, "
+    print(f"  back to back instead (closed loop): median {warm.lone_latency * 1e3:.3f} ms, "
           f"work {warm.twin_latency * 1e3:.3f} ms, hop {warm.per_hop * 1e3:.3f} ms per stage (spaced: "
           f"{hops.per_hop * 1e3:.3f}); what an idle gap costs a request: "
           f"{(hops.lone_latency - warm.lone_latency) * 1e3:.2f} ms")

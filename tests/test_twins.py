@@ -43,8 +43,8 @@ def test_the_calibrated_twin_predicts_the_lone_median_exactly_and_hops_are_what_
                               hop_delay=hops.handoff)
     if hops.outside >= np.mean(list(hops.turnaround.values())):
         assert np.median(occupied.latencies) == pytest.approx(hops.lone_latency, abs=1e-9)
-    else:  # a turnaround longer than the whole hand-off (noise): the delay is held at 0, never negative
-        assert hops.handoff == 0.0
+    else:  # a turnaround longer than the whole hand-off (noise): the delay is held at 0, never negative, and said
+        assert hops.handoff == 0.0 and hops.clamped
 
 
 def spin(items):

@@ -61,7 +61,8 @@ class HopCalibration:
     ``hop_delay`` is per stage ``trip + outside``; with it the twin's lone latency is ``lone_latency``.  A
     noisy calibration can put a part below zero (a lone median under the round trips' sum): ``outside`` and
     each ``hop_delay`` are then held at 0, so the twin never runs a request backwards in time, and
-    ``clamped`` says it happened (the lone latency is then not reproduced exactly).
+    ``clamped`` says it happened (the lone latency is then not reproduced exactly); so it does when
+    :attr:`handoff` is held at 0 (an outside part shorter than the mean turnaround).
 
     As a pure delay the trip occupies no server, though a worker process is busy for its whole round trip:
     :meth:`occupying` puts it into each batch's service time instead.  It also adds each stage's
@@ -129,8 +130,9 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     counted as a hop.  ``spacing=None`` sends them back to
     back (one client, closed loop: each as soon as the last one is answered); a number of seconds sends one
     every ``spacing`` seconds (open loop), so that each finds the server idle, as most requests at light load do.
-    That is slower: a process that sat idle takes longer to wake, and its caches have gone cold (on a 2-core
-    VM, 20 ms apart cost ~0.8 ms more per request than back to back, in the work and in every hand-off).  A
+    That is slower: the work takes more CPU time (caches gone cold, a core clocked down) and processes must be
+    woken (over notebook 06's runs on a 2-core VM, 20 ms apart cost 0.1-1.4 ms more per request than back to
+    back, in the work and in the hops, in proportions that vary).  A
     spacing below the lone requests' median latency would queue them behind each other, and is refused.
     The work a hop is measured above is
     the twin's ``service_time(1)``, or with ``work_from="records"`` the CPU seconds the server recorded for these
@@ -187,6 +189,8 @@ def calibrate_hops(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], m
     hop_delay = {name: max(d, 0.0) for name, d in raw.items()}
     turnaround = recorded_turnaround({name: batchers[name].batches[batch_marks[name]:] for name in twin
                                       if name in batchers})
+    # handoff holds outside - turnaround at 0 too: then the lone latency is not reproduced exactly either
+    clamped = clamped or (bool(turnaround) and raw_outside < statistics.fmean(turnaround.values()))
     return HopCalibration(lone, twin_lone, round_trip, max(raw_outside, 0.0), hop_delay, clamped, work, trip,
                           turnaround)
 
