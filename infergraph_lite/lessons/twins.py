@@ -8,13 +8,17 @@ things a real server does that such a twin does not hold, each measured here rat
 
 - **a hop**: handing a request to a stage and its answer back (a batcher thread woken, for worker processes
   the batch and its answer pickled through a pipe).  :func:`calibrate_hops` measures it from lone requests
-  (nothing queues): per stage the round trip's excess over the work (the *trip*), and the hand-off outside it.
-  Either all of it as ``simulate_graph``'s ``hop_delay``, or, since a worker is busy for its whole round trip,
-  the trip inside every batch (:meth:`HopCalibration.occupying`) and only the hand-off as a delay; either way
-  the twin reproduces the lone median.
+  (nothing queues; back to back, or ``spacing`` apart so that each finds the server idle, as at light load):
+  per stage the round trip's excess over the work (the *trip*), the *turnaround* (the batcher thread answering
+  the batch before it can take the next one), and the hand-off outside them.  Either all of it as
+  ``simulate_graph``'s ``hop_delay``, or, since the replica is busy for its round trip and its turnaround, both
+  inside every batch (:meth:`HopCalibration.occupying`) and only the rest of the hand-off as a delay
+  (:attr:`HopCalibration.handoff`); either way the twin reproduces the lone median.
 - **what the load does to each batch** (a worker waiting for a core that the other stages and the parent
-  process also need): :func:`recorded_twin` rebuilds the twin from the wall times the stages' batches took
-  *during* a run, so the difference between it and the calibrated twin is what that run's round trips lost.
+  process also need, no idle process to wake): :func:`recorded_twin` rebuilds the twin from the wall times the
+  stages' batches took *during* a run (with :func:`recorded_turnaround`, a trace-driven twin), so the
+  difference between it and the calibrated twin is what the load changed in that run's round trips.  With
+  ``spread=True`` each batch is drawn from the run's records of its size rather than their median.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class HopCalibration:
 
     As a pure delay the trip occupies no server, though a worker process is busy for its whole round trip:
     :meth:`occupying` puts it into each batch's service time instead.  It also adds each stage's
-    ``turnaround``: after a batch's answer is back its worker thread still answers the batch's requests (their
+    ``turnaround``: after a batch's answer is back its batcher thread still answers the batch's requests (their
     callbacks hand each to its next stage) before it can take the next batch (``BatchRecord.released - end``,
     median).  A request leaves during that turnaround, so with the turnaround inside the service, the delay that
     goes with :meth:`occupying` is :attr:`handoff`, the outside part less the turnaround it overlaps.
@@ -90,7 +94,7 @@ class HopCalibration:
     @property
     def handoff(self) -> float:
         """The delay per stage entered to simulate :meth:`occupying`'s twin with: ``outside`` less the mean
-        turnaround (a request leaves its stage while its worker is still answering the batch), held at 0."""
+        turnaround (a request leaves its stage while its batcher thread is still answering the batch), held at 0."""
         turnaround = statistics.fmean(self.turnaround.values()) if self.turnaround else 0.0
         return max(self.outside - turnaround, 0.0)
 
