@@ -8,6 +8,7 @@ No timing is asserted: batching is read from llama.cpp's counters (tokens per de
 from __future__ import annotations
 
 import gc
+import math
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import psutil
@@ -26,6 +28,7 @@ pytest.importorskip("gguf")
 from infergraph_lite.frameworks import llamacpp_server
 from infergraph_lite.frameworks.llamacpp import (
     BadParameterError,
+    Completion,
     CompletionRequest,
     LlamaCppClient,
     LlamaCppServer,
@@ -539,3 +542,66 @@ def test_the_profile_takes_numpy_integers(server8):
                           (dict(prefill_lengths=i(8)), "prefill_lengths"), (dict(timeout="1 min"), "timeout")):
         with pytest.raises(ValueError, match=argument):
             profile_step_time(server8, **bad)
+
+
+class _WakingServer:
+    """A stand-in 1-slot server whose time to first token is 5 ms longer after 0.1 s with nothing to do."""
+
+    n_parallel = 1
+
+    def __init__(self) -> None:
+        self.free_at = -math.inf        # when its last answer ended (as it reports it)
+
+    def client(self, **_: object) -> _WakingServer:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def complete(self, request: CompletionRequest) -> Completion:
+        now = time.perf_counter()
+        p = len(request.prompt.split()) + 1
+        step = 0.002 + 1e-4 * p + (0.005 if now - self.free_at > 0.1 else 0.0)
+        times = 0.001 + step + 0.003 * np.arange(request.n_predict)
+        done = Completion(text="", n_tokens=request.n_predict, prompt_tokens=p, token_times=times,
+                          e2e=float(times[-1]) + 0.0005, slot=0, server_timings={"prompt_ms": 1e3 * step},
+                          sent_at=now)
+        self.free_at = now + done.e2e      # no real time passes: back to back, the server is never idle
+        return done
+
+    def submit(self, request: CompletionRequest) -> Future[Completion]:
+        future: Future[Completion] = Future()
+        future.set_result(self.complete(request))
+        return future
+
+
+def test_the_profile_measures_the_cost_of_waking_an_idle_server():
+    from infergraph_lite.frameworks.llamacpp import profile_step_time
+
+    profile = profile_step_time(_WakingServer(), concurrencies=(1,), n_predict=6, prefill_lengths=(16, 32),
+                                repeats=2, mixed=False, wake_pairs=3, wake_pause=0.15)
+    assert len(profile.wake_samples) == 3
+    assert all(cold - hot == pytest.approx(0.005, abs=1e-9) for hot, cold, _, _ in profile.wake_samples)
+    assert profile.model.wake == pytest.approx(0.005, abs=1e-9) and profile.wake == profile.model.wake
+    assert profile.idle_after == profile.model.idle_after == 0.15
+    assert "5.00 ms more for a step after 150 ms idle" in str(profile.model)
+    # The back-to-back lone prefills the step model is fitted to never found the server idle.
+    assert profile.prefill[16] == pytest.approx(0.002 + 16e-4, abs=1e-9)
+    assert profile_step_time(_WakingServer(), concurrencies=(1,), n_predict=6, prefill_lengths=(16,), repeats=1,
+                             mixed=False).model.idle_after is None           # not asked: not measured
+    with pytest.raises(ValueError, match="wake_pairs"):
+        profile_step_time(_WakingServer(), wake_pairs=-1)
+    with pytest.raises(ValueError, match="wake_pause"):
+        profile_step_time(_WakingServer(), wake_pairs=2, wake_pause=0)
+    with pytest.raises(ValueError, match="idle_after"):
+        StepTimeModel(a=0.001, b=0.001, c=0.0, wake=0.002)
+
+
+def test_the_profile_measures_waking_the_live_server(server1):
+    from infergraph_lite.frameworks.llamacpp import profile_step_time
+
+    profile = profile_step_time(server1, n_predict=6, prefill_lengths=(16,), repeats=1, mixed=False,
+                                wake_pairs=2, wake_pause=0.05)
+    hot, cold, hot_step, cold_step = np.array(profile.wake_samples).T
+    assert len(hot) == 2 and np.all(hot_step < hot) and np.all(cold_step < cold)
+    assert profile.wake == max(0.0, float(np.mean(cold) - np.mean(hot))) and profile.idle_after == 0.05

@@ -436,3 +436,76 @@ def test_summaries_leave_out_the_warmup_but_arrays_keep_every_request():
     assert r.percentile(50, "ttft") == pytest.approx(np.median(r.ttft[50:]))
     with pytest.raises(ValueError, match="of must be one of"):
         r.mean("latency")
+
+
+def _one_slot_with_wake(arrivals, output, dt, wake, idle_after):
+    # One slot, a constant step: each request runs alone, from max(its arrival, the previous finish); its first
+    # step costs `wake` more when the engine had nothing to do for idle_after seconds before it (or at the start).
+    finish, e2e, ttft, wakes = -math.inf, [], [], 0
+    for a, k in zip(arrivals, output, strict=True):
+        start = max(a, finish)
+        extra = wake if start - finish >= idle_after else 0.0
+        wakes += extra > 0
+        ttft.append(start + dt + extra - a)
+        finish = start + k * dt + extra
+        e2e.append(finish - a)
+    return np.array(ttft), np.array(e2e), wakes
+
+
+@pytest.mark.parametrize("idle_after", [0.05, 0.3, 2.0])
+def test_a_wake_cost_is_paid_exactly_by_steps_that_find_the_engine_idle(idle_after):
+    rng = np.random.default_rng(7)
+    arrivals = np.cumsum(rng.exponential(0.25, 200))
+    output = rng.integers(1, 12, 200)
+    r = simulate_llm(n_requests=200, prompt_tokens=16, output_tokens=output, step_time=0.01, max_num_seqs=1,
+                     arrivals=arrivals, wake=0.004, idle_after=idle_after)
+    ttft, e2e, wakes = _one_slot_with_wake(arrivals, output, 0.01, 0.004, idle_after)
+    np.testing.assert_allclose(r.ttft, ttft, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.e2e, e2e, rtol=0, atol=1e-12)
+    assert r.wakes == wakes and 0 < wakes < 200
+    assert (r.wake, r.idle_after) == (0.004, idle_after)
+
+
+def test_a_request_joining_a_busy_engine_pays_no_wake_and_zero_wake_changes_nothing():
+    kw = dict(n_requests=3, prompt_tokens=16, output_tokens=10, step_time=0.01, max_num_seqs=4,
+              arrivals=[0.0, 0.035, 5.0])
+    plain = simulate_llm(**kw)
+    woken = simulate_llm(**kw, wake=0.002, idle_after=0.1)
+    # The first step and the one after 5 s idle pay it; the request joining at 35 ms finds a running engine.
+    assert woken.wakes == 2
+    np.testing.assert_allclose(woken.ttft - plain.ttft, [0.002, 0.002, 0.002], atol=1e-12)  # 2nd: its step later
+    np.testing.assert_allclose(woken.e2e - plain.e2e, [0.002, 0.002, 0.002], atol=1e-12)
+    # The third request's steps: later by its own wake only (the idle period absorbed the first one).
+    np.testing.assert_allclose(woken.steps_end[-10:] - plain.steps_end[-10:], 0.002, atol=1e-12)
+    zero = simulate_llm(**kw, wake=0.0, idle_after=0.1)
+    np.testing.assert_array_equal(zero.finish, plain.finish)
+    assert zero.wakes == plain.wakes == 0
+
+
+def test_a_fitted_model_carries_its_wake_cost_and_an_argument_wins():
+    class Fitted:
+        request_overhead = response_overhead = 0.0
+        wake, idle_after = 0.003, 0.2
+
+        def __call__(self, p, d, kv):
+            return 0.002 + 0.0001 * p + 0.001 * d
+
+    kw = dict(n_requests=30, prompt_tokens=24, output_tokens=6, max_num_seqs=2, arrival_rate=3.0, seed=4)
+    carried = simulate_llm(**kw, step_time=Fitted())
+    wired = simulate_llm(**kw, step_time=Fitted().__call__, wake=0.003, idle_after=0.2)
+    np.testing.assert_array_equal(carried.finish, wired.finish)
+    assert carried.wakes > 0
+    none = simulate_llm(**kw, step_time=Fitted(), wake=0.0)
+    np.testing.assert_array_equal(none.finish, simulate_llm(**kw, step_time=Fitted().__call__).finish)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(wake=-0.001, idle_after=0.1), "wake"),
+    (dict(wake=0.001, idle_after=0.0), "idle_after"),
+    (dict(wake=0.001, idle_after=math.inf), "idle_after"),
+    (dict(wake=0.001), "idle_after"),
+    (dict(wake="3 ms", idle_after=0.1), "wake"),
+])
+def test_a_bad_wake_cost_is_named(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        simulate_llm(n_requests=2, prompt_tokens=4, output_tokens=2, step_time=0.01, max_num_seqs=1, **kwargs)

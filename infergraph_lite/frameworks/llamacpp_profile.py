@@ -18,7 +18,11 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
   minus ``prompt_ms`` is the time between the request leaving the client and its prefill step (HTTP, JSON,
   tokenizing, slot set-up) plus the first token's way back: the *request overhead*, the same subtraction
   notebook 07 makes for Triton's gRPC hop.  Its end-to-end time minus its last token's arrival is the
-  *response overhead* (the stream's closing event).
+  *response overhead* (the stream's closing event);
+- *wake* (``wake_pairs > 0``): the same lone request right after another and after the server has idled
+  ``wake_pause`` seconds; the mean difference of their client-side times to first token is what a step costs
+  more when it finds the engine idle (a woken thread, cold caches): the model's ``wake``, charged by the
+  simulator to a step after ``idle_after = wake_pause`` seconds with nothing to do.
 
 :func:`fit_step_time` fits ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*extra_batches`` to such rows
 by least squares (numpy only; a coefficient the data would make negative is held at 0), ``extra_batches`` being
@@ -41,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_count, check_number
+from infergraph_lite.core.arguments import check_count, check_non_negative_int, check_number
 from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
 from infergraph_lite.frameworks.llamacpp_model import prompt_of
 
@@ -116,7 +120,10 @@ class StepTimeModel:
     fitted to (seconds), and
     ``worst_relative_error`` its largest |predicted - measured| / measured there.  ``request_overhead`` and
     ``response_overhead`` (seconds) are a request's time outside the steps, before its first step may run and
-    after its last token; :func:`~infergraph_lite.simulate_llm` takes them from the model it is given.
+    after its last token; :func:`~infergraph_lite.simulate_llm` takes them from the model it is given.  ``wake``
+    (seconds) is what a step costs more when the engine has had nothing to do for at least ``idle_after``
+    seconds (the server's thread woken, its caches cold); ``simulate_llm`` takes both from the model too
+    (``idle_after=None``: no such cost measured).
 
     >>> model = StepTimeModel(a=0.002, b=0.001, c=0.0001, d=0.0)
     >>> round(model(prefill_tokens=0, decode_seqs=4, kv_tokens=400), 6)
@@ -127,6 +134,8 @@ class StepTimeModel:
     0.008
     >>> StepTimeModel(a=0.002, b=0.001, c=0.0001, e=0.003, slots=8).extra_batches(0, 2)   # 2 of 8 slots at random
     0.75
+    >>> StepTimeModel(a=0.002, b=0.001, c=0.0001, wake=0.0025, idle_after=0.25).wake    # after 0.25 s idle
+    0.0025
     """
 
     a: float
@@ -140,6 +149,15 @@ class StepTimeModel:
     request_overhead: float = 0.0
     response_overhead: float = 0.0
     slots: int | None = None
+    wake: float = 0.0
+    idle_after: float | None = None
+
+    def __post_init__(self) -> None:
+        check_number("wake", self.wake, positive=False)
+        if self.idle_after is not None:
+            check_number("idle_after", self.idle_after)
+        elif self.wake:
+            raise ValueError("idle_after: a wake cost needs the idle time (seconds > 0) after which a step pays it")
 
     def extra_batches(self, prefill_tokens: float, decode_seqs: float) -> float:
         """Micro-batches beyond the first a step is expected to run: its decode runs, plus one for a prefill."""
@@ -164,7 +182,9 @@ class StepTimeModel:
                 f"{self.n_samples} samples)"
                 + (f"; per request {1e3 * self.request_overhead:.2f} ms before its first step, "
                    f"{1e3 * self.response_overhead:.2f} ms after its last token"
-                   if self.request_overhead or self.response_overhead else ""))
+                   if self.request_overhead or self.response_overhead else "")
+                + (f"; {1e3 * self.wake:.2f} ms more for a step after {1e3 * self.idle_after:.0f} ms idle"
+                   if self.idle_after is not None else ""))
 
 
 def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True, relative: bool = True,
@@ -250,6 +270,8 @@ class StepTimeProfile:
     elapsed: float = 0.0
     load_average: tuple[float, float] = (math.nan, math.nan)    # 1-minute load average before and after
     misread: tuple[StepSample, ...] = ()      # mixed samples left out: shorter than the lone prefill of their prompt
+    # (TTFT right after another request, TTFT after wake_pause idle, their prompt_ms alike), seconds, per pair
+    wake_samples: tuple[tuple[float, float, float, float], ...] = ()
 
     @property
     def problems(self) -> tuple[str, ...]:
@@ -283,6 +305,16 @@ class StepTimeProfile:
         """The model's per-request seconds after its last token."""
         return self.model.response_overhead
 
+    @property
+    def wake(self) -> float:
+        """The model's seconds more for a step that finds the engine idle (see :class:`StepTimeModel`)."""
+        return self.model.wake
+
+    @property
+    def idle_after(self) -> float | None:
+        """The model's idle seconds after which a step pays :attr:`wake` (None: not measured)."""
+        return self.model.idle_after
+
 
 def _load_average() -> float:
     try:
@@ -315,7 +347,8 @@ def _check_counts(name: str, values: Any, upper: int | None = None) -> tuple[int
 def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None,
                       prompt_tokens: int | Sequence[int] = (8, 96), n_predict: int = 32,
                       prefill_lengths: Sequence[int] = (8, 64, 192), repeats: int = 3, kv: bool = True,
-                      mixed: bool = True, timeout: float = 120.0) -> StepTimeProfile:
+                      mixed: bool = True, timeout: float = 120.0, wake_pairs: int = 0,
+                      wake_pause: float = 0.25) -> StepTimeProfile:
     """Measure llama.cpp's step time against what a step holds, and fit :func:`fit_step_time` to it.
 
     ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (its ``client()`` is
@@ -333,6 +366,13 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     the client's time to first token beyond it, and its end beyond the last token, are the model's
     ``request_overhead`` and ``response_overhead`` (medians over all lone requests).  Every request is bounded by
     ``timeout``.  Warm-up: one request first, not recorded.  Medians over the repeats.
+    ``wake_pairs`` (0: none) pairs of the lone request of ``prefill_lengths[0]`` tokens, spread over the repeats,
+    measure what a step costs more after the server has idled: each pair is one request right after another and
+    the same one after ``wake_pause`` seconds with nothing sent; the model's ``wake`` is the mean difference of
+    their client-side times to first token (held at 0 when negative), ``idle_after`` is ``wake_pause``, and
+    ``profile.wake_samples`` keeps every pair.  The mean, not the median: a woken server is sometimes much
+    slower and mostly not, and a mean TTFT pays every such time.  Each pair takes ``wake_pause`` plus two lone
+    requests.
 
     >>> from infergraph_lite.frameworks.llamacpp_model import write_tiny_llama
     >>> from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
@@ -355,6 +395,8 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     n_predict = check_count("n_predict", n_predict)
     repeats = check_count("repeats", repeats)
     timeout = check_number("timeout", timeout)
+    wake_pairs = check_non_negative_int("wake_pairs", wake_pairs)
+    wake_pause = check_number("wake_pause", wake_pause)
     if n_predict < 3:
         raise ValueError(f"n_predict must be >= 3 (the decode gaps after the first are the samples), got {n_predict}")
     if isinstance(server, LlamaCppClient):
@@ -380,6 +422,7 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
         prompt_steps: dict[int, list[float]] = {p: [] for p in prefill_lengths}
         before: list[float] = []
         after: list[float] = []
+        woken: list[tuple[float, float, float, float]] = []
         for r in range(repeats):
             halfway: dict[int, float] = {}      # seconds from sending c requests to their n_predict / 2-th token
             for c in concurrencies:
@@ -405,6 +448,11 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                 prompt_steps[p].append(step)
                 before.append(lone.ttft - step)
                 after.append(lone.e2e - float(lone.token_times[-1]))
+            for _ in range(r, wake_pairs, repeats):       # this repeat's share of the pairs
+                hot = client.complete(CompletionRequest(prompt_of(prefill_lengths[0]), 1))
+                time.sleep(wake_pause)
+                cold = client.complete(CompletionRequest(prompt_of(prefill_lengths[0]), 1))
+                woken.append((hot.ttft, cold.ttft, _prompt_seconds(hot), _prompt_seconds(cold)))
         for (c, q, batches), by_step in sorted(gaps_by_step.items()):
             # Gap j (j >= 1: the first may still share its step with another request's prefill) is one decode
             # step of c sequences, each holding q + j + 1 tokens.  Four samples per c, prompt length and
@@ -430,9 +478,12 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     slots = n_parallel if n_parallel and n_parallel > 1 else None
     model = replace(fit_step_time(samples, kv=kv, slots=slots), request_overhead=max(0.0, float(np.median(before))),
                     response_overhead=max(0.0, float(np.median(after))))
+    if woken:
+        hot_ttft, cold_ttft, _, _ = np.array(woken).T
+        model = replace(model, wake=max(0.0, float(np.mean(cold_ttft) - np.mean(hot_ttft))), idle_after=wake_pause)
     return StepTimeProfile(model=model, samples=tuple(samples), decode=decode, prefill=prefill, ttft=ttft,
                            elapsed=time.perf_counter() - start, load_average=(load_before, _load_average()),
-                           misread=tuple(misread))
+                           misread=tuple(misread), wake_samples=tuple(woken))
 
 
 def _micro_batches(slots: Any) -> int:

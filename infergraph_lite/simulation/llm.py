@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -58,6 +58,9 @@ class LLMResult(LatencySummary):
     steps_kv_slots: np.ndarray
     request_overhead: float = 0.0    # seconds from arrival to the first step that may schedule the request
     response_overhead: float = 0.0   # seconds from the last token to the answer's end
+    wake: float = 0.0                # seconds added to a step that found the engine idle (see simulate_llm)
+    idle_after: float = math.inf     # how long the engine must have been idle for that
+    wakes: int = 0                   # steps that paid ``wake``
 
     @property
     def e2e(self) -> np.ndarray:
@@ -122,6 +125,8 @@ def simulate_llm(
     warmup: float = 0.0,
     request_overhead: float | None = None,
     response_overhead: float | None = None,
+    wake: float | None = None,
+    idle_after: float | None = None,
 ) -> LLMResult:
     """Simulate an LLM engine serving ``n_requests`` requests, step by step.
 
@@ -154,6 +159,11 @@ def simulate_llm(
     :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` fitted to a server carries what it
     measured — else 0.
 
+    An engine that has been idle is slower to start again (its thread woken, its caches cold): ``wake`` seconds are
+    added to a step that starts after the engine had no request running or waiting for at least ``idle_after``
+    seconds, and to the very first step (``result.wakes`` counts them).  None takes each from ``step_time``'s
+    attribute of that name, as for the overheads; ``wake`` defaults to 0 (no such cost).
+
     One request alone, 4 output tokens at 10 ms a step, takes 40 ms; eight offline requests of 8, 7, ..., 1
     tokens in static batches of 4 take 8 + 4 steps; continuously batched, 9 (36 tokens, 4 a step):
 
@@ -173,6 +183,14 @@ def simulate_llm(
     ...                  request_overhead=0.002, response_overhead=0.001)
     >>> r.ttft.round(6), r.e2e.round(6), r.tpot.round(6)
     (array([0.012]), array([0.043]), array([0.01]))
+
+    A 3 ms wake-up after 0.2 s idle: of requests at 0, 0.1 and 1.0 s (each alone, 40 ms), the first and the
+    third find the engine idle long enough, and their first step takes 13 ms:
+
+    >>> r = simulate_llm(n_requests=3, prompt_tokens=16, output_tokens=4, step_time=0.01, max_num_seqs=8,
+    ...                  arrivals=[0.0, 0.1, 1.0], wake=0.003, idle_after=0.2)
+    >>> r.ttft.round(6), r.e2e.round(6), r.wakes
+    (array([0.013, 0.01 , 0.013]), array([0.043, 0.04 , 0.043]), 2)
     """
     n = check_count("n_requests", n_requests)
     prompt = _lengths("prompt_tokens", prompt_tokens, n)
@@ -192,6 +210,7 @@ def simulate_llm(
     step = _step_time(step_time)
     before = _overhead("request_overhead", request_overhead, step_time)
     after = _overhead("response_overhead", response_overhead, step_time)
+    wake_s, idle_s = _wake(wake, idle_after, step_time)
 
     # The most a request ever holds in the cache: prompt + output - 1 (its last token is never fed back).
     footprint = prompt + output - 1
@@ -230,9 +249,11 @@ def simulate_llm(
     engine = LLMEngine(prompt.tolist(), output.tolist(), ready.tolist(), max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
-                       prefill_first=bool(prefill_first), static=scheduling == "static")
+                       prefill_first=bool(prefill_first), static=scheduling == "static", wake=wake_s,
+                       idle_after=idle_s)
     engine.run(step, None if callable(step_time) else float(step_time))
-    return _result(engine, times, num_blocks, block_size, int(warmup * n), before, after)
+    return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
+                   wake=wake_s, idle_after=idle_s, wakes=engine.wakes)
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -271,6 +292,20 @@ def _overhead(name: str, value: float | None, step_time: StepTime) -> float:
             return 0.0
         name = f"step_time.{name}"
     return check_number(name, value, positive=False)
+
+
+def _wake(wake: float | None, idle_after: float | None, step_time: StepTime) -> tuple[float, float]:
+    # The wake-up cost and the idle time that makes a step pay it: arguments, else step_time's attributes.
+    seconds = _overhead("wake", wake, step_time)
+    if idle_after is not None:
+        return seconds, check_number("idle_after", idle_after)
+    if not seconds:
+        return 0.0, math.inf
+    idle_after = getattr(step_time, "idle_after", None)
+    if idle_after is None:
+        raise ValueError("idle_after: a wake cost needs the idle time (seconds > 0) after which a step pays it, "
+                         "given as idle_after= or as step_time.idle_after")
+    return seconds, check_number("step_time.idle_after", idle_after)
 
 
 def _step_time(step_time: StepTime) -> Callable[[int, int, int], float]:

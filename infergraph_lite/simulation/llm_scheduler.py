@@ -87,7 +87,10 @@ class LLMEngine:
     request reserves when it is admitted (prompt + the longest output it may produce, as systems before paged
     attention did); otherwise blocks are allocated as the tokens arrive (paged).  ``step_time`` is called as
     ``step_time(prefill_tokens, decode_seqs, kv_tokens)``, ``kv_tokens`` being what the running sequences hold
-    in the cache once the step has written its tokens.
+    in the cache once the step has written its tokens.  ``wake`` seconds are added to a step that starts after the
+    engine has had nothing to do (no request running or waiting) for at least ``idle_after`` seconds, and to the
+    first step of all: the cost of waking an idle server (see :class:`~infergraph_lite.frameworks.llamacpp_profile.
+    StepTimeModel`); ``wakes`` counts the steps that paid it.
 
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
@@ -98,8 +101,10 @@ class LLMEngine:
     def __init__(self, prompt: list[int], output: list[int], arrival: list[float], *, max_num_seqs: int,
                  max_num_batched_tokens: float = math.inf, num_blocks: float = math.inf, block_size: int = 16,
                  reserve: list[int] | None = None, chunked_prefill: bool = True, prefill_first: bool = False,
-                 static: bool = False) -> None:
+                 static: bool = False, wake: float = 0.0, idle_after: float = math.inf) -> None:
         n = len(prompt)
+        self.wake, self.idle_after = wake, idle_after
+        self.wakes = 0                        # steps that paid ``wake`` (they found the engine idle)
         self.prompt, self.output, self.arrival = prompt, output, arrival
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.block_size, self.reserve = block_size, reserve
@@ -230,8 +235,10 @@ class LLMEngine:
         """
         n, arrival, now = len(self.prompt), self.arrival, 0.0
         self.done = 0
+        idle_since = -math.inf          # when the engine last ran out of work (inf: it has work)
         while self.done < n:
             if not self.running and not self.waiting:
+                idle_since = now if self.runs else -math.inf
                 now = max(now, arrival[self.next_arrival])      # idle: jump to the next arrival
             while self.next_arrival < n and arrival[self.next_arrival] <= now:
                 self.waiting.append(self.next_arrival)
@@ -252,6 +259,10 @@ class LLMEngine:
             dt = constant if constant is not None else step_time(prefill, decode, self.kv_tokens)
             if not 0 < dt < math.inf:
                 raise ValueError(f"step_time must return a positive finite number of seconds, got {dt!r}")
+            if self.wake and now - idle_since >= self.idle_after:
+                dt += self.wake                 # the step wakes an idle engine
+                self.wakes += 1
+            idle_since = math.inf
             self.runs.append((self.decodes, now, dt, 1, prefill, decode, self.kv_tokens, self.allocated_blocks, -1))
             now += dt
             if decode:
