@@ -6,7 +6,9 @@ prefills, fitted to ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*ext
 lengths and with requests joining decoding ones, ``extra_batches`` the micro-batches beyond the first that
 llama.cpp's per-slot KV cache makes a step run: one for a prefill beside decodes, one per further run of
 neighbouring slots that decode; taken again, up to ``PROFILES`` times, while its fit strays from its own lone
-prefills, ``profile.problems``), take the simulated capacity from
+prefills, ``profile.problems``; and what a step costs more when it finds the server idle, ``wake``, from
+``WAKE_PAIRS`` lone requests each sent right after another and again after ``WAKE_PAUSE`` s with nothing sent,
+which the simulator charges to a step after that long idle), take the simulated capacity from
 ``simulate_llm`` on a saturated batch, then send open-loop Poisson loads at 0.3, 0.5 and 0.7 of it.  Every
 run's requests are replayed through ``simulate_llm`` with the profile: the same prompt and output lengths and
 the actual send times, so both sides see the same arrivals.  Throughput on both sides is output tokens over
@@ -70,6 +72,8 @@ TARGET = 0.15           # |measured / simulated - 1|
 BUSY = 0.8              # below this share of a core, the server was not running as when profiled
 SENT_TOLERANCE = 0.05   # |sent rate / (label x capacity) - 1|: the load sent is the load labelled
 PROFILES = 3            # a profile whose fit strays from its own lone prefills (profile.problems) is taken again
+WAKE_PAIRS = 8          # lone requests after a pause (each beside one right after another): the wake cost
+WAKE_PAUSE = 0.25       # seconds idle before each: about a mean idle period of a 1-slot run at load 0.5
 
 
 def cpu_seconds(pid: int) -> float:
@@ -165,10 +169,16 @@ def main() -> None:
     for slots in (1, 8):
         with LlamaCppServer(model, n_parallel=slots, n_ctx=512 * slots, threads=1) as server:
             for attempt in range(1, PROFILES + 1):
-                profile = profile_step_time(server, n_predict=24, prefill_lengths=(16, 32, 64), repeats=4)
+                profile = profile_step_time(server, n_predict=24, prefill_lengths=(16, 32, 64), repeats=4,
+                                            wake_pairs=WAKE_PAIRS, wake_pause=WAKE_PAUSE)
+                hot, cold, hot_step, cold_step = 1e3 * np.array(profile.wake_samples).T
                 print(f"\n{slots} slot(s), profile {attempt}: {profile.elapsed:.1f} s at load "
                       f"{profile.load_average[0]:.1f}-{profile.load_average[1]:.1f}: {profile.model}; "
                       f"{len(profile.misread)} mixed sample(s) shorter than their lone prefill left out")
+                print(f"  wake: {len(hot)} lone 16-token requests right after another / after "
+                      f"{WAKE_PAUSE} s idle: TTFT mean {hot.mean():.2f} / {cold.mean():.2f} ms (each pair's "
+                      f"difference {np.min(cold - hot):.2f} to {np.max(cold - hot):.2f}), prompt_ms "
+                      f"{hot_step.mean():.2f} / {cold_step.mean():.2f}")
                 if not profile.problems:
                     break
                 print("  not used: " + "; ".join(profile.problems))
