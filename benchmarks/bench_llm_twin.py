@@ -33,8 +33,9 @@ step still held during the run.  The profile
 carries each request's time outside the steps (a lone request's client TTFT minus llama.cpp's own prompt_ms, and
 its stream's end after the last token), and simulate_llm applies it.  Where the twin misses, the "missing" columns
 say by how much per request: measured - simulated mean e2e and mean TTFT, in ms; the TPOT ratio says how much of
-it is the decode steps.  The TTFT miss is split by whether the request found
-the real server empty (its lone prefill is what the profile measured) or another request inside it.
+it is the decode steps.  "wakes" is how many simulated steps paid the wake cost, and the "no wake" ratios are the
+same replay without it (no target: what that part of the twin changes).  The TTFT miss is split by whether
+the request found the real server empty (its lone prefill is what the profile measured) or another request inside it.
 
 Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that none is left.
 
@@ -123,6 +124,10 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     sim = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
                        output_tokens=[c.n_tokens for c in done], step_time=profile, max_num_seqs=server.n_parallel,
                        arrivals=sent)
+    # The same replay without the wake cost: what that part of the twin changes.
+    asleep = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
+                          output_tokens=[c.n_tokens for c in done], step_time=profile,
+                          max_num_seqs=server.n_parallel, arrivals=sent, wake=0.0)
     tokens = sum(c.n_tokens for c in done)
     real = {"e2e": float(np.mean([c.e2e for c in done])), "ttft": float(np.mean([c.ttft for c in done])),
             "tok_s": tokens / (max(c.done_at for c in done) - done[0].sent_at),
@@ -138,7 +143,8 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     # A server at 0.3 of capacity idles most of the run, so its CPU over the wall time is mostly its utilisation;
     # over the time it held a request it says whether it had the core to itself, as when it was profiled.
     return {"real": real, "twin": twin, "share": cpu / wall, "busy_share": cpu / busy_seconds(done),
-            "split": split, "sent_rate": (n - 1) / sent[-1], "rate": rate, "lag": report.max_lag,
+            "split": split, "no_wake": {"e2e": asleep.mean("e2e"), "ttft": asleep.mean("ttft")}, "wakes": sim.wakes,
+            "sent_rate": (n - 1) / sent[-1], "rate": rate, "lag": report.max_lag,
             "load": os.getloadavg()[0]}
 
 
@@ -199,7 +205,7 @@ def main() -> None:
     header = ["slots", "load", "sent / label", "core", "core busy", "e2e real s", "e2e sim s", "e2e ratio",
               "TTFT real s", "TTFT sim s",
               "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms",
-              "… found idle ms (n)", "… found busy ms (n)"]
+              "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
@@ -209,7 +215,8 @@ def main() -> None:
                      real["ttft"], twin["ttft"], ratio["ttft"], real["tok_s"], twin["tok_s"], ratio["tok_s"],
                      ratio["tpot"],
                      1e3 * (real["e2e"] - twin["e2e"]), 1e3 * (real["ttft"] - twin["ttft"]),
-                     *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued"))])
+                     *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued")),
+                     got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"]])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
             verdicts.append([f"{slots} slot(s), load {f}: {name} real / sim", ratio[key], f"within {TARGET:.0%}",
                              verdict(ratio[key], got["busy_share"])])
