@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 
 import numpy as np
 import psutil
@@ -459,6 +460,11 @@ def test_a_profile_whose_fit_strays_from_its_lone_prefills_says_so():
     no_e = StepTimeProfile(StepTimeModel(a=0.004, b=0.0015, c=0.0014), samples, prefill=prefill)
     assert ["25 %" in p for p in halved.problems] == [True]
     assert ["e = 0" in p for p in no_e.problems] == [True]
+    # A fit that misses one of its own samples by more than 20 % is not used either; 20 % itself is.
+    for worst, named in ((0.26, True), (0.20, False), (0.17, False)):
+        fitted = replace(good.model, worst_relative_error=worst)
+        problems = StepTimeProfile(fitted, samples, prefill=prefill).problems
+        assert ["26 % off its worst sample" in p for p in problems] == ([True] if named else [])
 
 
 def test_the_mixed_step_is_read_from_the_decoding_streams_or_not_at_all():
