@@ -60,8 +60,10 @@ from infergraph_lite.frameworks.llamacpp import (
     CompletionRequest,
     LlamaCppServer,
     StepTimeProfile,
+    expected_runs,
     profile_step_time,
     prompt_of,
+    slot_runs,
     write_tiny_llama,
 )
 from infergraph_lite.serving.benchmark import poisson_arrivals
@@ -143,9 +145,47 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     # A server at 0.3 of capacity idles most of the run, so its CPU over the wall time is mostly its utilisation;
     # over the time it held a request it says whether it had the core to itself, as when it was profiled.
     return {"real": real, "twin": twin, "share": cpu / wall, "busy_share": cpu / busy_seconds(done),
+            "prefill_level": prefill_level(done, queued, profile), "placement": placement(done, server.n_parallel),
             "split": split, "no_wake": {"e2e": asleep.mean("e2e"), "ttft": asleep.mean("ttft")}, "wakes": sim.wakes,
             "sent_rate": (n - 1) / sent[-1], "rate": rate, "lag": report.max_lag,
             "load": os.getloadavg()[0]}
+
+
+def prefill_level(done: list[Completion], queued: np.ndarray, profile: StepTimeProfile) -> float:
+    """The run's lone prefill steps against the profile: median of llama.cpp's own ``prompt_ms`` over the model's.
+
+    Only requests that found the server empty count: their prefill step held nothing else.  Above 1: the run's
+    steps were slower than when the profile was taken (the machine changed), not a fault of the queueing model.
+    """
+    ratios = [float(c.server_timings["prompt_ms"]) / 1e3 / profile(c.prompt_tokens, 0, c.prompt_tokens)
+              for c, q in zip(done, queued, strict=True) if not q and "prompt_ms" in c.server_timings]
+    return float(np.median(ratios)) if ratios else float("nan")
+
+
+def placement(done: list[Completion], slots: int) -> tuple[float, float, int]:
+    """Runs of neighbouring slots the decoding requests made, measured against random placement (the twin's).
+
+    At every token a request received after its first, the requests then between their first and last token are
+    decoding; where two or more were, the runs of consecutive slot ids they held (llama.cpp's micro-batches,
+    ``slot_runs``) and the runs ``expected_runs`` charges for that many at random.  Returns (measured mean,
+    random mean, steps counted).
+    """
+    spans = [(c.sent_at + float(c.token_times[0]), c.sent_at + float(c.token_times[-1]), c.slot) for c in done]
+    measured, random = [], []
+    for c in done:
+        for t in (c.sent_at + c.token_times[1:]).tolist():
+            held = [slot for first, last, slot in spans if first <= t <= last]
+            if len(held) >= 2 and min(held) >= 0:
+                measured.append(slot_runs(held))
+                random.append(expected_runs(len(held), slots))
+    if not measured:
+        return float("nan"), float("nan"), 0
+    return float(np.mean(measured)), float(np.mean(random)), len(measured)
+
+
+def runs_cell(placement: tuple[float, float, int]) -> str:
+    run, random, steps = placement
+    return f"{run:.2f} / {random:.2f} ({steps})" if steps else "-"
 
 
 def verdict(ratio: float, share: float) -> str:
@@ -205,7 +245,8 @@ def main() -> None:
     header = ["slots", "load", "sent / label", "core", "core busy", "e2e real s", "e2e sim s", "e2e ratio",
               "TTFT real s", "TTFT sim s",
               "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms",
-              "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake"]
+              "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake",
+              "prefill / profile", "slot runs: run / random (steps)"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
@@ -216,7 +257,8 @@ def main() -> None:
                      ratio["tpot"],
                      1e3 * (real["e2e"] - twin["e2e"]), 1e3 * (real["ttft"] - twin["ttft"]),
                      *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued")),
-                     got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"]])
+                     got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"],
+                     got["prefill_level"], runs_cell(got["placement"])])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
             verdicts.append([f"{slots} slot(s), load {f}: {name} real / sim", ratio[key], f"within {TARGET:.0%}",
                              verdict(ratio[key], got["busy_share"])])

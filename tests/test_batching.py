@@ -78,10 +78,20 @@ def test_failing_batch_fails_its_futures_and_the_batcher_keeps_serving():
             raise ValueError("cannot parse 'bad'")
         return [x.upper() for x in xs]
 
-    with DynamicBatcher(flaky, max_batch_size=2, max_wait=0.0) as batcher:
-        gate = batcher.submit("ok")  # greedy: likely alone; either way the next pair is a batch of its own
-        gate.result(timeout=5)
+    held, release = threading.Event(), threading.Event()
+
+    def held_or_flaky(xs):
+        if "hold" in xs:            # the worker waits here while the pair queues, so the pair is one batch
+            held.set()
+            release.wait(5)
+        return flaky(xs)
+
+    with DynamicBatcher(held_or_flaky, max_batch_size=2, max_wait=0.0) as batcher:
+        hold = batcher.submit("hold")
+        assert held.wait(5)
         bad_pair = [batcher.submit("bad"), batcher.submit("x")]
+        release.set()
+        assert hold.result(timeout=5) == "HOLD"
         for f in bad_pair:
             with pytest.raises(BatchError, match=r"failed: ValueError: cannot parse 'bad'") as info:
                 f.result(timeout=5)
@@ -108,10 +118,15 @@ def test_close_drains_everything_queued_and_then_refuses():
 
 
 def test_full_queue_refuses_new_requests_but_loses_none():
-    gate = threading.Event()
-    with DynamicBatcher(lambda xs: gate.wait(5) and xs, max_batch_size=1, max_wait=0.0, max_queue_size=2) as b:
+    gate, entered = threading.Event(), threading.Event()
+
+    def blocked(xs):
+        entered.set()
+        return gate.wait(5) and xs
+
+    with DynamicBatcher(blocked, max_batch_size=1, max_wait=0.0, max_queue_size=2) as b:
         first = b.submit(0)
-        time.sleep(0.05)  # the worker has taken `first` and is blocked in batch_fn
+        assert entered.wait(5)  # the worker has taken `first` and is blocked in batch_fn
         queued = [b.submit(1), b.submit(2)]
         with pytest.raises(QueueFullError, match=r"queue is full \(2 waiting"):
             b.submit(3)

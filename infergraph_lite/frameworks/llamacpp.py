@@ -35,8 +35,10 @@ from infergraph_lite.frameworks.llamacpp_profile import (
     StepSample,
     StepTimeModel,
     StepTimeProfile,
+    expected_runs,
     fit_step_time,
     profile_step_time,
+    slot_runs,
 )
 from infergraph_lite.frameworks.llamacpp_server import (
     BadParameterError,
@@ -51,5 +53,5 @@ from infergraph_lite.frameworks.llamacpp_server import (
 __all__ = ["BadParameterError", "Completion", "CompletionRequest", "LlamaCppClient", "LlamaCppServer", "ModelInfo",
            "ModelLoadError", "ModelMissingError", "PortTakenError", "RequestError", "ServerStartError", "SlotMonitor",
            "StepSample", "StepTimeModel", "StepTimeProfile", "cache_dir", "check_server_parameters", "counter_delta",
-           "describe", "fit_step_time", "parse_prometheus", "profile_step_time", "prompt_of", "tokens_per_decode",
-           "trained_context_length", "write_tiny_llama"]
+           "describe", "expected_runs", "fit_step_time", "parse_prometheus", "profile_step_time", "prompt_of",
+           "slot_runs", "tokens_per_decode", "trained_context_length", "write_tiny_llama"]

@@ -314,7 +314,8 @@ class SlotMonitor:
     ``times`` (seconds since the monitor started) and ``busy`` (slots processing then) are the samples;
     ``peak`` is the most slots seen busy at once.  ``source`` is anything with ``busy_slots()`` (a
     :class:`LlamaCppClient` or a ``LlamaCppServer``).  The thread samples every ``interval`` seconds and stops
-    when the block ends, at the latest after ``max_seconds``.
+    when the block ends, at the latest after ``max_seconds``; it always takes a first sample, however short the
+    block.
 
     >>> class Fake:
     ...     def busy_slots(self):
@@ -340,7 +341,7 @@ class SlotMonitor:
 
     def _run(self) -> None:
         start = time.perf_counter()
-        while not self._stop.is_set() and time.perf_counter() - start < self.max_seconds:
+        while True:                 # sample first, then check: a block shorter than one interval still gets one
             try:
                 busy = int(self.source.busy_slots())
             except (OSError, RequestError, RuntimeError):
@@ -348,7 +349,8 @@ class SlotMonitor:
             if busy >= 0:
                 self.times.append(time.perf_counter() - start)
                 self.busy.append(busy)
-            self._stop.wait(self.interval)
+            if self._stop.wait(self.interval) or time.perf_counter() - start >= self.max_seconds:
+                break
 
     @property
     def peak(self) -> int:

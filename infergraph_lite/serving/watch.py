@@ -26,9 +26,11 @@ class CpuMeter:
 
     Processes that end inside the block are left out (their last reading is lost with them).
 
-    >>> import os
+    >>> import os, time
     >>> with CpuMeter([os.getpid()]) as meter:
-    ...     _ = sum(i * i for i in range(200_000))
+    ...     deadline = time.process_time() + 0.03      # 30 ms of CPU: the readings come in 10 ms ticks
+    ...     while time.process_time() < deadline:
+    ...         pass
     >>> meter.seconds[os.getpid()] > 0, 0 <= meter.share() <= 1
     (True, True)
     """
