@@ -37,9 +37,11 @@ it is the decode steps.  "wakes" is how many simulated steps paid the wake cost,
 same replay without it (no target: what that part of the twin changes).  The TTFT miss is split by whether
 the request found the real server empty (its lone prefill is what the profile measured) or another request inside it.
 
-Two measured reasons for a miss are printed beside each run, from the run itself.  "prefill / profile": llama.cpp's
+What a miss comes from is measured beside each run, from the run itself.  "prefill / profile": llama.cpp's
 own prompt_ms of the requests that found the server empty over the model's prefill step (above 1: the machine ran
-slower than when profiled).  "decode / profile (1 slot)": each request's mean gap between tokens over the model's
+slower than when profiled); "outside the step": their mean TTFT beyond that prompt_ms, beside the profile's
+request overhead (the set-up before a step may take the request: HTTP, JSON, tokenizing, the slot).
+"decode / profile (1 slot)": each request's mean gap between tokens over the model's
 one-sequence step; with both, the same replay with the profile's steps scaled to the run's level ("at run's steps")
 says how much of a 1-slot miss is the machine's speed moving rather than the queueing model.  "slot runs": the runs
 of neighbouring slots the decoding requests held at each token, measured against the random placement the twin
@@ -145,6 +147,10 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     # One slot: every step holds one request, so the run's own step level is known from the server's timings. The
     # same replay with the profile's steps scaled to it says how much of a miss is the machine's speed moving.
     level = {"prefill": prefill_level(done, queued, profile), "decode": decode_level(done, profile)}
+    # Outside the step: a request that found the server empty waited only for its own set-up before its prefill.
+    outside = [c.ttft - float(c.server_timings["prompt_ms"]) / 1e3 for c, q in zip(done, queued, strict=True)
+               if not q and "prompt_ms" in c.server_timings]
+    level["outside_ms"] = 1e3 * float(np.mean(outside)) if outside else float("nan")
     at_level = None
     if server.n_parallel == 1 and np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
         def scaled(p: float, s: float, kv: float) -> float:
@@ -246,6 +252,7 @@ def main() -> None:
     rows: list[list[Any]] = []
     results: list[tuple[int, float, dict[str, Any]]] = []
     misfit: dict[int, str] = {}     # slots -> why every profile of that server was refused
+    profile_of: dict[int, float] = {}   # slots -> the used profile's request overhead (s)
     for slots in (1, 8):
         with LlamaCppServer(model, n_parallel=slots, n_ctx=512 * slots, threads=1) as server:
             tried: list[StepTimeProfile] = []
@@ -269,6 +276,7 @@ def main() -> None:
                 misfit[slots] = "; ".join(profile.problems)
                 print(f"  every profile had a problem: the best fit (worst sample "
                       f"{100 * profile.model.worst_relative_error:.0f} % off) is used, and a miss is unconfirmed")
+            profile_of[slots] = profile.request_overhead
             cap = capacity(profile, slots, prompts, args.tokens)
             print(f"  simulated capacity {cap:.1f} req/s")
             for k, f in enumerate(loads):
@@ -287,7 +295,8 @@ def main() -> None:
               "TTFT real s", "TTFT sim s",
               "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms",
               "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake",
-              "prefill / profile", "decode / profile (1 slot)", "e2e ratio at run's steps", "TTFT ratio at run's steps",
+              "prefill / profile", "outside the step ms: run / profile", "decode / profile (1 slot)",
+              "e2e ratio at run's steps", "TTFT ratio at run's steps",
               "slot runs: run / random (steps)"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
@@ -300,7 +309,8 @@ def main() -> None:
                      1e3 * (real["e2e"] - twin["e2e"]), 1e3 * (real["ttft"] - twin["ttft"]),
                      *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued")),
                      got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"],
-                     got["level"]["prefill"], got["level"]["decode"] if slots == 1 else "-",
+                     got["level"]["prefill"], f"{got['level']['outside_ms']:.2f} / {1e3 * profile_of[slots]:.2f}",
+                     got["level"]["decode"] if slots == 1 else "-",
                      *((real[k] / got["at_level"][k] for k in ("e2e", "ttft")) if got["at_level"] else ("-", "-")),
                      runs_cell(got["placement"])])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
