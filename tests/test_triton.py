@@ -413,6 +413,22 @@ def test_submit_gives_futures_and_statistics_give_the_real_batches(text_client):
 
 
 @needs_server
+def test_one_request_of_several_rows_is_one_request_and_one_batch_of_that_many(text_client):
+    texts = ["the match was great", "awful hotel, never again", "my new laptop is fast"]
+    stages = text_pipeline_stages()
+    vectors = stages["embed"][0].fn(stages["tokenize"][0].fn(texts))
+    before = text_client.statistics()["topic"]
+    answers = text_client.infer_rows([{"embed": v} for v in vectors], model="topic")
+    delta = text_client.statistics()["topic"] - before
+    assert answers == [{"topic": t} for t in stages["topic"][0].fn(vectors)]  # one answer per row, in order
+    assert (delta.requests, delta.inferences, delta.batch_sizes) == (1, 3, {3: 1})
+    with pytest.raises(ValueError, match="rows must be a non-empty list"):
+        text_client.infer_rows([], model="topic")
+    with pytest.raises(ValueError, match="rows must be a non-empty list"):
+        text_client.infer_rows({"embed": vectors[0]}, model="topic")  # one row's dict, not a list of rows
+
+
+@needs_server
 def test_every_listening_socket_of_the_server_is_loopback(text_server):
     server = psutil.Process(text_server.pid)
     family = [server, *server.children(recursive=True)]

@@ -171,16 +171,20 @@ class TritonClient:
             self._types[model] = json_tensor_types(self._stream.get_model_config(model, as_json=True)["config"])
         return self._types[model]
 
-    def _request(self, model: str, inputs: Mapping[str, Any]) -> tuple[list[Any], list[Any], dict[str, TensorType]]:
+    def _request(self, model: str, rows: Sequence[Mapping[str, Any]]
+                 ) -> tuple[list[Any], list[Any], dict[str, TensorType]]:
+        """The tensors of one request holding ``rows`` (each ``{input name: value}``), batch dimension first."""
         in_types, out_types = self.tensor_types(model)
-        if len(in_types) == 1 and set(inputs) != set(in_types):
-            inputs = {next(iter(in_types)): next(iter(inputs.values()))}  # one input: any name will do
-        missing = set(in_types) - set(inputs)
-        if missing:
-            raise ValueError(f"model {model!r} needs inputs {sorted(in_types)}; missing {sorted(missing)}")
+        if len(in_types) == 1:  # one input: any name will do
+            (only,) = in_types
+            rows = [row if set(row) == {only} else {only: next(iter(row.values()))} for row in rows]
+        for row in rows:
+            missing = set(in_types) - set(row)
+            if missing:
+                raise ValueError(f"model {model!r} needs inputs {sorted(in_types)}; missing {sorted(missing)}")
         tensors = []
         for name, kind in in_types.items():
-            data = kind.encode([inputs[name]])
+            data = kind.encode([row[name] for row in rows])
             tensor = self._grpc.InferInput(name, list(data.shape), kind.wire_type)
             tensor.set_data_from_numpy(data)
             tensors.append(tensor)
@@ -188,28 +192,46 @@ class TritonClient:
         return tensors, outputs, out_types
 
     @staticmethod
-    def _decode(result: Any, out_types: Mapping[str, TensorType]) -> dict[str, Any]:
-        return {name: kind.decode(result.as_numpy(name))[0] for name, kind in out_types.items()}
+    def _decode_rows(result: Any, out_types: Mapping[str, TensorType]) -> list[dict[str, Any]]:
+        columns = {name: kind.decode(result.as_numpy(name)) for name, kind in out_types.items()}
+        return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
     def infer(self, inputs: Mapping[str, Any], model: str | None = None) -> dict[str, Any]:
         """One request: ``{input name: value}`` -> ``{output name: value}``."""
         model = model or self.model
-        tensors, outputs, out_types = self._request(model, inputs)
-        return self._decode(self._stream.infer(model, tensors, outputs=outputs), out_types)
+        tensors, outputs, out_types = self._request(model, [inputs])
+        return self._decode_rows(self._stream.infer(model, tensors, outputs=outputs), out_types)[0]
+
+    def infer_rows(self, rows: Sequence[Mapping[str, Any]], model: str | None = None) -> list[dict[str, Any]]:
+        """One request holding ``len(rows)`` rows: ``[{input name: value}, ...]`` -> one answer per row, in order.
+
+        Triton counts rows, not requests: the model runs them as one batch of ``len(rows)`` (at most its
+        ``max_batch_size``, else the server refuses the request), and whatever the server does once per
+        request is done once for all of them.  A dynamic batch of separate one-row requests pays it per row.
+
+        >>> with TritonServer(repo) as server, server.client() as client:  # doctest: +SKIP
+        ...     client.infer_rows([{"embed": v} for v in vectors[:3]], model="topic")
+        [{'topic': {'label': 'food', 'confidence': 0.912}}, ...]
+        """
+        if isinstance(rows, Mapping) or not isinstance(rows, Sequence) or not rows:
+            raise ValueError(f"rows must be a non-empty list of {{input name: value}} dicts, got {rows!r:.80}")
+        model = model or self.model
+        tensors, outputs, out_types = self._request(model, rows)
+        return self._decode_rows(self._stream.infer(model, tensors, outputs=outputs), out_types)
 
     def submit(self, inputs: Mapping[str, Any], model: str | None = None) -> Future:
         """Send one request without waiting; the future holds ``{output name: value}`` (or the error)."""
         model = model or self.model
         future: Future = Future()
         future.set_running_or_notify_cancel()
-        tensors, outputs, out_types = self._request(model, inputs)
+        tensors, outputs, out_types = self._request(model, [inputs])
 
         def done(result: Any, error: Any) -> None:
             if error is not None:
                 future.set_exception(request_error(error, model))
             else:
                 try:
-                    future.set_result(self._decode(result, out_types))
+                    future.set_result(self._decode_rows(result, out_types)[0])
                 except Exception as exc:  # noqa: BLE001 - a decoding problem belongs to the caller
                     future.set_exception(exc)
 
