@@ -41,11 +41,13 @@ What a miss comes from is measured beside each run, from the run itself.  "prefi
 own prompt_ms of the requests that found the server empty over the model's prefill step (above 1: the machine ran
 slower than when profiled); "outside the step": their mean TTFT beyond that prompt_ms, beside the profile's
 request overhead (the set-up before a step may take the request: HTTP, JSON, tokenizing, the slot).
-"decode / profile (1 slot)": each request's mean gap between tokens over the model's
-one-sequence step; with both, the same replay with the profile's steps scaled to the run's level ("at run's steps")
-says how much of a 1-slot miss is the machine's speed moving rather than the queueing model.  "slot runs": the runs
-of neighbouring slots the decoding requests held at each token, measured against the random placement the twin
-charges (llama.cpp places a request by what each slot last held).  A profile whose fit misses one of its own samples
+"decode / profile": every gap between two tokens of a request (one that held no prefill) over the model's step for
+what it held, its micro-batches counted from the slots the requests really had (median).  With both, the same
+replay with the profile's steps scaled to the run's level ("at run's steps") says how much of a miss is the machine's
+speed moving rather than the model (at 8 slots the rest includes where llama.cpp put the requests).  "slot runs":
+the runs of neighbouring slots the decoding requests held, measured against the random placement the twin charges
+(llama.cpp places a request by what each slot last held), and the median ratio of the model's step at the run's
+slots to its step at random placement.  A profile whose fit misses one of its own samples
 by more than 20 % (``profile.problems``) is taken again; if all ``PROFILES`` do, the best is used and a miss on that
 server prints "unconfirmed (no profile fitted its samples)".
 
@@ -144,19 +146,22 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
                           max_num_seqs=server.n_parallel, arrivals=sent, wake=0.0)
     tokens = sum(c.n_tokens for c in done)
     queued = np.array([any(d.sent_at < c.sent_at < d.done_at for d in done[:i]) for i, c in enumerate(done)])
-    # One slot: every step holds one request, so the run's own step level is known from the server's timings. The
-    # same replay with the profile's steps scaled to it says how much of a miss is the machine's speed moving.
-    level = {"prefill": prefill_level(done, queued, profile), "decode": decode_level(done, profile)}
+    # The run's own step level, from the server's timings and the streams: the same replay with the profile's steps
+    # scaled to it says how much of a miss is the machine's speed moving.  (Its sequences still sit in slots at
+    # random, as in the twin: what is left at 8 slots includes where llama.cpp put them.)
+    steps = decode_steps(done, profile)
+    level = {"prefill": prefill_level(done, queued, profile), "decode": steps["level"]}
     # Outside the step: a request that found the server empty waited only for its own set-up before its prefill.
     outside = [c.ttft - float(c.server_timings["prompt_ms"]) / 1e3 for c, q in zip(done, queued, strict=True)
                if not q and "prompt_ms" in c.server_timings]
     level["outside_ms"] = 1e3 * float(np.mean(outside)) if outside else float("nan")
     at_level = None
-    if server.n_parallel == 1 and np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
+    if np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
         def scaled(p: float, s: float, kv: float) -> float:
             return profile(p, s, kv) * (level["prefill"] if p > 0 else level["decode"])
         at_level = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
-                                output_tokens=[c.n_tokens for c in done], step_time=scaled, max_num_seqs=1,
+                                output_tokens=[c.n_tokens for c in done], step_time=scaled,
+                                max_num_seqs=server.n_parallel,
                                 arrivals=sent, request_overhead=profile.request_overhead,
                                 response_overhead=profile.response_overhead, wake=profile.wake,
                                 idle_after=profile.idle_after)
@@ -173,7 +178,7 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     # A server at 0.3 of capacity idles most of the run, so its CPU over the wall time is mostly its utilisation;
     # over the time it held a request it says whether it had the core to itself, as when it was profiled.
     return {"real": real, "twin": twin, "share": cpu / wall, "busy_share": cpu / busy_seconds(done),
-            "level": level, "placement": placement(done, server.n_parallel),
+            "level": level, "placement": steps,
             "at_level": None if at_level is None else {"e2e": at_level.mean("e2e"), "ttft": at_level.mean("ttft")},
             "split": split, "no_wake": {"e2e": asleep.mean("e2e"), "ttft": asleep.mean("ttft")}, "wakes": sim.wakes,
             "sent_rate": (n - 1) / sent[-1], "rate": rate, "lag": report.max_lag,
@@ -191,38 +196,49 @@ def prefill_level(done: list[Completion], queued: np.ndarray, profile: StepTimeP
     return float(np.median(ratios)) if ratios else float("nan")
 
 
-def decode_level(done: list[Completion], profile: StepTimeProfile) -> float:
-    """One slot: the run's decode steps against the profile, median over requests of their mean gap between tokens
-    (first to last token over the gaps) over the model's one-sequence step at the request's mean context.
+def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, float]:
+    """The run's decode steps, read from the streams, against the profile; and the slots they ran in.
+
+    Every gap between two tokens of a request is one step of the requests then between their first and last token
+    (each holding its prompt and the tokens it had so far); a gap in which another request got its first token held
+    a prefill too, and is left out.  ``level``: the median of gap / the model's step for what it held, the micro-batches
+    counted from the slots the requests really had (``slot_runs``); above 1, the machine ran slower than when
+    profiled.  ``placement``: the median of the model's step at those slots over its step at random placement (what
+    the twin charges).  ``runs`` / ``random_runs``: mean micro-batches of the steps holding two or more, measured and
+    at random (``expected_runs``); ``steps``: how many steps held two or more.
     """
-    ratios = [c.tpot / profile(0, 1, c.prompt_tokens + (c.n_tokens + 1) / 2) for c in done if c.n_tokens > 1]
-    return float(np.median(ratios)) if ratios else float("nan")
+    m = profile.model
+    absolute = [c.sent_at + c.token_times for c in done]
+    firsts = np.sort([float(t[0]) for t in absolute])
+    level, placement, runs, random = [], [], [], []
+    for times in absolute:
+        for before, t in zip(times[:-1].tolist(), times[1:].tolist(), strict=True):
+            if np.searchsorted(firsts, t, "right") > np.searchsorted(firsts, before, "right"):
+                continue            # someone's prefill ended in this step: not a decode step alone
+            held = [(d, np.searchsorted(absolute[j], t, "left")) for j, d in enumerate(done)
+                    if absolute[j][0] <= t <= absolute[j][-1]]
+            k = len(held)
+            kv = float(sum(d.prompt_tokens + n for d, n in held))
+            slots = [d.slot for d, _ in held]
+            if min(slots) < 0:
+                continue
+            actual = m.a + m.b * k + m.d * kv + m.e * (slot_runs(slots) - 1)
+            level.append((t - before) / actual)
+            placement.append(actual / profile(0, k, kv))
+            if k >= 2:
+                runs.append(slot_runs(slots))
+                random.append(expected_runs(k, m.slots))
+
+    def summary(values: list[float], of: Any) -> float:
+        return float(of(values)) if values else float("nan")
+
+    return {"level": summary(level, np.median), "placement": summary(placement, np.median),
+            "runs": summary(runs, np.mean), "random_runs": summary(random, np.mean), "steps": len(runs)}
 
 
-def placement(done: list[Completion], slots: int) -> tuple[float, float, int]:
-    """Runs of neighbouring slots the decoding requests made, measured against random placement (the twin's).
-
-    At every token a request received after its first, the requests then between their first and last token are
-    decoding; where two or more were, the runs of consecutive slot ids they held (llama.cpp's micro-batches,
-    ``slot_runs``) and the runs ``expected_runs`` charges for that many at random.  Returns (measured mean,
-    random mean, steps counted).
-    """
-    spans = [(c.sent_at + float(c.token_times[0]), c.sent_at + float(c.token_times[-1]), c.slot) for c in done]
-    measured, random = [], []
-    for c in done:
-        for t in (c.sent_at + c.token_times[1:]).tolist():
-            held = [slot for first, last, slot in spans if first <= t <= last]
-            if len(held) >= 2 and min(held) >= 0:
-                measured.append(slot_runs(held))
-                random.append(expected_runs(len(held), slots))
-    if not measured:
-        return float("nan"), float("nan"), 0
-    return float(np.mean(measured)), float(np.mean(random)), len(measured)
-
-
-def runs_cell(placement: tuple[float, float, int]) -> str:
-    run, random, steps = placement
-    return f"{run:.2f} / {random:.2f} ({steps})" if steps else "-"
+def runs_cell(steps: dict[str, float]) -> str:
+    return (f"{steps['runs']:.2f} / {steps['random_runs']:.2f} ({steps['steps']}); step x{steps['placement']:.3f}"
+            if steps["steps"] else "-")
 
 
 def verdict(ratio: float, share: float, misfit: str = "") -> str:
@@ -295,9 +311,9 @@ def main() -> None:
               "TTFT real s", "TTFT sim s",
               "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms",
               "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake",
-              "prefill / profile", "outside the step ms: run / profile", "decode / profile (1 slot)",
+              "prefill / profile", "outside the step ms: run / profile", "decode / profile",
               "e2e ratio at run's steps", "TTFT ratio at run's steps",
-              "slot runs: run / random (steps)"]
+              "slot runs: run / random (steps); step at run's slots / random"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
@@ -310,7 +326,7 @@ def main() -> None:
                      *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued")),
                      got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"],
                      got["level"]["prefill"], f"{got['level']['outside_ms']:.2f} / {1e3 * profile_of[slots]:.2f}",
-                     got["level"]["decode"] if slots == 1 else "-",
+                     got["level"]["decode"],
                      *((real[k] / got["at_level"][k] for k in ("e2e", "ttft")) if got["at_level"] else ("-", "-")),
                      runs_cell(got["placement"])])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
