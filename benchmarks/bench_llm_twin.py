@@ -5,8 +5,9 @@ profile its step time right before the runs (``profile_step_time``: decode steps
 prefills, fitted to ``a + b*decode_seqs + c*prefill_tokens + d*kv_tokens + e*extra_batches`` over two prompt
 lengths and with requests joining decoding ones, ``extra_batches`` the micro-batches beyond the first that
 llama.cpp's per-slot KV cache makes a step run: one for a prefill beside decodes, one per further run of
-neighbouring slots that decode; taken again, up to ``PROFILES`` times, while its fit strays from its own lone
-prefills, ``profile.problems``; and what a step costs more when it finds the server idle, ``wake``, from
+neighbouring slots that decode; taken again, up to ``PROFILES`` times, while ``profile.problems`` names a
+misfit: a fit that strays from its own lone prefills or misses one of its own samples by more than 20 %; and what
+a step costs more when it finds the server idle, ``wake``, from
 ``WAKE_PAIRS`` lone requests each sent right after another and again after ``WAKE_PAUSE`` s with nothing sent,
 which the simulator charges to a step after that long idle), take the simulated capacity from
 ``simulate_llm`` on a saturated batch, then send open-loop Poisson loads at 0.3, 0.5 and 0.7 of it.  Every
@@ -37,29 +38,33 @@ it is the decode steps.  "wakes" is how many simulated steps paid the wake cost,
 same replay without it (no target: what that part of the twin changes).  The TTFT miss is split by whether
 the request found the real server empty (its lone prefill is what the profile measured) or another request inside it.
 
-What a miss comes from is measured beside each run, from the run itself.  "prefill / profile": llama.cpp's
-own prompt_ms of the requests that found the server empty over the model's prefill step (above 1: the machine ran
-slower than when profiled); "outside the step": their mean TTFT beyond that prompt_ms, beside the profile's
-request overhead (the set-up before a step may take the request: HTTP, JSON, tokenizing, the slot).
-"decode / profile": every gap between two tokens of a request (one that held no prefill) over the model's step for
-what it held, its micro-batches counted from the slots the requests really had (median).  With both, the same
-replay with the profile's steps scaled to the run's level ("at run's steps") says how much of a miss is the machine's
-speed moving rather than the model (at 8 slots the rest includes where llama.cpp put the requests).  "slot runs":
-the runs of neighbouring slots the decoding requests held, measured against the random placement the twin charges
-(llama.cpp places a request by what each slot last held), and the median ratio of the model's step at the run's
-slots to its step at random placement.  A profile whose fit misses one of its own samples
-by more than 20 % (``profile.problems``) is taken again; if all ``PROFILES`` do, the best is used and a miss on that
-server prints "unconfirmed (no profile fitted its samples)".
+What a miss comes from is measured beside each run, from the run itself.  "prefill / profile (n)": llama.cpp's own
+prompt_ms of the n requests that found the server empty over what the twin charges for that step (the model's
+prefill, plus the wake cost after idle_after; above 1: the machine ran slower than when profiled); "outside the
+step": their mean TTFT beyond that prompt_ms, beside the profile's request overhead (the set-up before a step may
+take the request: HTTP, JSON, tokenizing, the slot).  "decode / profile": every gap between two tokens of a request
+(one that held no prefill) over the model's step for what it held, its micro-batches counted from the slots the
+requests really had (median).  With both, the same replay with the profile's steps scaled to the run's level ("at
+run's steps": the prompt tokens' part of a step at the prefill level, the rest at the decode level) says how much of
+a miss is the machine's speed moving rather than the model (at 8 slots the rest includes where llama.cpp put the
+requests, and a level from a few lone prefills is itself noisy: n is printed).  "slot runs": the runs of
+neighbouring slots the decoding requests held, measured against the random placement the twin charges (llama.cpp
+places a request by what each slot last held), and the median ratio of the model's step at the run's slots to its
+step at random placement.  A profile that ``profile.problems`` names as a misfit (its ``c`` more than 25 % from its
+lone prefills' slope, ``e`` at 0 beside multi-pass steps, or a sample more than 20 % off) is taken again; if all
+``PROFILES`` are, the one with the fewest problems is used and every ratio on that server prints "unconfirmed (no
+profile passed profile.problems)", met or not.
 
 Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that none is left.
 
-    python benchmarks/bench_llm_twin.py            (or: make bench; about 1-2 minutes on a quiet machine)
+    python benchmarks/bench_llm_twin.py            (or: make bench; about 2-3 minutes on a quiet machine)
     python benchmarks/bench_llm_twin.py --quick    (one load per slot count: a smoke run)
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from typing import Any
@@ -88,8 +93,9 @@ SHAPE = {"embd": 384, "layers": 6, "ff": 1152, "heads": 6, "kv_heads": 6}     # 
 TARGET = 0.15           # |measured / simulated - 1|
 BUSY = 0.8              # below this share of a core, the server was not running as when profiled
 SENT_TOLERANCE = 0.05   # |sent rate / (label x capacity) - 1|: the load sent is the load labelled
-PROFILES = 3            # a profile whose fit strays from its own lone prefills (profile.problems) is taken again
+PROFILES = 3            # a profile that profile.problems names as a misfit is taken again, up to this many times
 WAKE_PAIRS = 8          # lone requests after a pause (each beside one right after another): the wake cost
+JITTER = 0.003          # s: one step's tokens reach their streams this far apart (as mixed_gap allows)
 WAKE_PAUSE = 0.25       # seconds idle before each: about a mean idle period of a 1-slot run at load 0.5
 
 
@@ -150,7 +156,8 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     # scaled to it says how much of a miss is the machine's speed moving.  (Its sequences still sit in slots at
     # random, as in the twin: what is left at 8 slots includes where llama.cpp put them.)
     steps = decode_steps(done, profile)
-    level = {"prefill": prefill_level(done, queued, profile), "decode": steps["level"]}
+    prefill, lone = prefill_level(done, queued, profile)
+    level = {"prefill": prefill, "lone": lone, "decode": steps["level"]}
     # Outside the step: a request that found the server empty waited only for its own set-up before its prefill.
     outside = [c.ttft - float(c.server_timings["prompt_ms"]) / 1e3 for c, q in zip(done, queued, strict=True)
                if not q and "prompt_ms" in c.server_timings]
@@ -158,7 +165,10 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     at_level = None
     if np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
         def scaled(p: float, s: float, kv: float) -> float:
-            return profile(p, s, kv) * (level["prefill"] if p > 0 else level["decode"])
+            # The prompt tokens' part at the prefill level, the rest of the step (per step, per sequence, context,
+            # micro-batches) at the decode level; the wake cost is the twin's own, added once by simulate_llm.
+            prompt_part = profile.model.c * p
+            return (profile(p, s, kv) - prompt_part) * level["decode"] + prompt_part * level["prefill"]
         at_level = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
                                 output_tokens=[c.n_tokens for c in done], step_time=scaled,
                                 max_num_seqs=server.n_parallel,
@@ -185,27 +195,37 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
             "load": os.getloadavg()[0]}
 
 
-def prefill_level(done: list[Completion], queued: np.ndarray, profile: StepTimeProfile) -> float:
-    """The run's lone prefill steps against the profile: median of llama.cpp's own ``prompt_ms`` over the model's.
+def prefill_level(done: list[Completion], queued: np.ndarray, profile: StepTimeProfile) -> tuple[float, int]:
+    """The run's lone prefill steps against the profile, and how many there were.
 
-    Only requests that found the server empty count: their prefill step held nothing else.  Above 1: the run's
-    steps were slower than when the profile was taken (the machine changed), not a fault of the queueing model.
+    Only requests that found the server empty count: their prefill step held nothing else.  Each is llama.cpp's own
+    ``prompt_ms`` over what the twin charges for that step: the model's prefill, plus the wake cost when the server had
+    been idle at least ``idle_after`` (a woken step is slower, and the twin says so).  The median; above 1: the
+    machine ran slower than when profiled, not a fault of the queueing model.
     """
-    ratios = [float(c.server_timings["prompt_ms"]) / 1e3 / profile(c.prompt_tokens, 0, c.prompt_tokens)
-              for c, q in zip(done, queued, strict=True) if not q and "prompt_ms" in c.server_timings]
-    return float(np.median(ratios)) if ratios else float("nan")
+    ratios = []
+    for i, (c, q) in enumerate(zip(done, queued, strict=True)):
+        if q or "prompt_ms" not in c.server_timings:
+            continue
+        idle = c.sent_at - max((d.done_at for d in done[:i]), default=-math.inf)
+        woken = profile.idle_after is not None and idle >= profile.idle_after
+        charged = profile(c.prompt_tokens, 0, c.prompt_tokens) + (profile.wake if woken else 0.0)
+        ratios.append(float(c.server_timings["prompt_ms"]) / 1e3 / charged)
+    return (float(np.median(ratios)) if ratios else float("nan")), len(ratios)
 
 
 def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, float]:
     """The run's decode steps, read from the streams, against the profile; and the slots they ran in.
 
     Every gap between two tokens of a request is one step of the requests then between their first and last token
-    (each holding its prompt and the tokens it had so far); a gap in which another request got its first token held
-    a prefill too, and is left out.  ``level``: the median of gap / the model's step for what it held, the micro-batches
-    counted from the slots the requests really had (``slot_runs``); above 1, the machine ran slower than when
-    profiled.  ``placement``: the median of the model's step at those slots over its step at random placement (what
-    the twin charges).  ``runs`` / ``random_runs``: mean micro-batches of the steps holding two or more, measured and
-    at random (``expected_runs``); ``steps``: how many steps held two or more.
+    (each holding its prompt and the tokens it had so far; ``JITTER`` seconds of slack either side, as each stream
+    delivers the step's tokens a little apart); a gap in which another request got its first token, give or take that
+    slack, held a prefill too, and is left out.  ``level``: the median of gap / the model's step for what it held,
+    the micro-batches counted from the slots the requests really had (``slot_runs``); above 1, the machine ran
+    slower than when profiled.  ``placement``: the median of the model's step at those slots over its step at
+    random placement (what the twin charges). ``runs`` / ``random_runs``: mean micro-batches where two or more
+    decoded, measured and at random (``expected_runs``), and ``steps`` how many such (request, gap) pairs there
+    were: each step counts once per request in it, on both sides alike.
     """
     m = profile.model
     absolute = [c.sent_at + c.token_times for c in done]
@@ -213,10 +233,10 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     level, placement, runs, random = [], [], [], []
     for times in absolute:
         for before, t in zip(times[:-1].tolist(), times[1:].tolist(), strict=True):
-            if np.searchsorted(firsts, t, "right") > np.searchsorted(firsts, before, "right"):
+            if np.searchsorted(firsts, t + JITTER, "right") > np.searchsorted(firsts, before - JITTER, "right"):
                 continue            # someone's prefill ended in this step: not a decode step alone
-            held = [(d, np.searchsorted(absolute[j], t, "left")) for j, d in enumerate(done)
-                    if absolute[j][0] <= t <= absolute[j][-1]]
+            held = [(d, np.searchsorted(absolute[j], t - JITTER, "left")) for j, d in enumerate(done)
+                    if absolute[j][0] < t - JITTER and absolute[j][-1] >= t - JITTER]
             k = len(held)
             kv = float(sum(d.prompt_tokens + n for d, n in held))
             slots = [d.slot for d, _ in held]
@@ -242,11 +262,11 @@ def runs_cell(steps: dict[str, float]) -> str:
 
 
 def verdict(ratio: float, share: float, misfit: str = "") -> str:
+    if misfit:          # the twin's profile was one profile.problems refused: it confirms neither a pass nor a miss
+        return "unconfirmed (no profile passed profile.problems)"
     if abs(ratio - 1) <= TARGET:
         return "met"
-    if share < BUSY:
-        return "unconfirmed (busy machine)"
-    return "unconfirmed (no profile fitted its samples)" if misfit else "MISSED"
+    return "unconfirmed (busy machine)" if share < BUSY else "MISSED"
 
 
 def main() -> None:
@@ -288,10 +308,11 @@ def main() -> None:
                     break
                 print("  not used: " + "; ".join(profile.problems))
             if profile.problems:    # none held its samples: the best fit is used, and its rows cannot confirm a miss
-                profile = min(tried, key=lambda t: t.model.worst_relative_error)
+                profile = min(tried, key=lambda t: (len(t.problems), t.model.worst_relative_error))
                 misfit[slots] = "; ".join(profile.problems)
-                print(f"  every profile had a problem: the best fit (worst sample "
-                      f"{100 * profile.model.worst_relative_error:.0f} % off) is used, and a miss is unconfirmed")
+                print(f"  every profile had a problem: the one with the fewest (worst sample "
+                      f"{100 * profile.model.worst_relative_error:.0f} % off) is used, and every ratio on this server "
+                      "is unconfirmed, met or not")
             profile_of[slots] = profile.request_overhead
             cap = capacity(profile, slots, prompts, args.tokens)
             print(f"  simulated capacity {cap:.1f} req/s")
@@ -311,9 +332,9 @@ def main() -> None:
               "TTFT real s", "TTFT sim s",
               "TTFT ratio", "tok/s real", "tok/s sim", "tok/s ratio", "TPOT ratio", "missing e2e ms", "missing TTFT ms",
               "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake",
-              "prefill / profile", "outside the step ms: run / profile", "decode / profile",
+              "prefill / profile (n)", "outside the step ms: run / profile", "decode / profile",
               "e2e ratio at run's steps", "TTFT ratio at run's steps",
-              "slot runs: run / random (steps); step at run's slots / random"]
+              "slot runs: run / random (request-steps); step at run's slots / random"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
@@ -325,7 +346,8 @@ def main() -> None:
                      1e3 * (real["e2e"] - twin["e2e"]), 1e3 * (real["ttft"] - twin["ttft"]),
                      *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued")),
                      got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"],
-                     got["level"]["prefill"], f"{got['level']['outside_ms']:.2f} / {1e3 * profile_of[slots]:.2f}",
+                     f"{got['level']['prefill']:.3g} ({got['level']['lone']})",
+                     f"{got['level']['outside_ms']:.2f} / {1e3 * profile_of[slots]:.2f}",
                      got["level"]["decode"],
                      *((real[k] / got["at_level"][k] for k in ("e2e", "ttft")) if got["at_level"] else ("-", "-")),
                      runs_cell(got["placement"])])

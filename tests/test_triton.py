@@ -426,6 +426,8 @@ def test_one_request_of_several_rows_is_one_request_and_one_batch_of_that_many(t
         text_client.infer_rows([], model="topic")
     with pytest.raises(ValueError, match="rows must be a non-empty list"):
         text_client.infer_rows({"embed": vectors[0]}, model="topic")  # one row's dict, not a list of rows
+    with pytest.raises(ValueError, match="rows must be a non-empty list"):
+        text_client.infer_rows("the match was great", model="topic")  # a text is a sequence, not rows
 
 
 @needs_server

@@ -200,7 +200,8 @@ class TritonClient:
         """One request: ``{input name: value}`` -> ``{output name: value}``."""
         model = model or self.model
         tensors, outputs, out_types = self._request(model, [inputs])
-        return self._decode_rows(self._stream.infer(model, tensors, outputs=outputs), out_types)[0]
+        answers = self._decode_rows(self._stream.infer(model, tensors, outputs=outputs), out_types)
+        return answers[0] if answers else {}    # a model without outputs answers nothing
 
     def infer_rows(self, rows: Sequence[Mapping[str, Any]], model: str | None = None) -> list[dict[str, Any]]:
         """One request holding ``len(rows)`` rows: ``[{input name: value}, ...]`` -> one answer per row, in order.
@@ -213,7 +214,7 @@ class TritonClient:
         ...     client.infer_rows([{"embed": v} for v in vectors[:3]], model="topic")
         [{'topic': {'label': 'food', 'confidence': 0.912}}, ...]
         """
-        if isinstance(rows, Mapping) or not isinstance(rows, Sequence) or not rows:
+        if isinstance(rows, (Mapping, str, bytes)) or not isinstance(rows, Sequence) or not rows:
             raise ValueError(f"rows must be a non-empty list of {{input name: value}} dicts, got {rows!r:.80}")
         model = model or self.model
         tensors, outputs, out_types = self._request(model, rows)
@@ -231,7 +232,8 @@ class TritonClient:
                 future.set_exception(request_error(error, model))
             else:
                 try:
-                    future.set_result(self._decode_rows(result, out_types)[0])
+                    answers = self._decode_rows(result, out_types)
+                    future.set_result(answers[0] if answers else {})
                 except Exception as exc:  # noqa: BLE001 - a decoding problem belongs to the caller
                     future.set_exception(exc)
 
