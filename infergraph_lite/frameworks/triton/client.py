@@ -210,9 +210,11 @@ class TritonClient:
         ``max_batch_size``, else the server refuses the request), and whatever the server does once per
         request is done once for all of them.  A dynamic batch of separate one-row requests pays it per row.
 
-        >>> with TritonServer(repo) as server, server.client() as client:  # doctest: +SKIP
-        ...     client.infer_rows([{"embed": v} for v in vectors[:3]], model="topic")
-        [{'topic': {'label': 'food', 'confidence': 0.912}}, ...]
+        Example (needs a running server, so it is shown, not run; ``tests/test_triton.py`` runs it)::
+
+            with TritonServer(repo) as server, server.client() as client:
+                client.infer_rows([{"embed": v} for v in vectors[:3]], model="topic")
+            # [{'topic': {'label': 'food', 'confidence': 0.912}}, ...]: one answer per row, in order
         """
         if isinstance(rows, (Mapping, str, bytes)) or not isinstance(rows, Sequence) or not rows:
             raise ValueError(f"rows must be a non-empty list of {{input name: value}} dicts, got {rows!r:.80}")
