@@ -44,10 +44,10 @@ prefill, plus the wake cost after idle_after; above 1: the machine ran slower th
 step": their mean TTFT beyond that prompt_ms, beside the profile's request overhead (the set-up before a step may
 take the request: HTTP, JSON, tokenizing, the slot).  "decode / profile": every gap between two tokens of a request
 (one that held no prefill) over the model's step for what it held, its micro-batches counted from the slots the
-requests really had (median).  With both, the same replay with the profile's steps scaled to the run's level ("at
-run's steps": the prompt tokens' part of a step at the prefill level, the rest at the decode level) says how much of
-a miss is the machine's speed moving rather than the model (at 8 slots the rest includes where llama.cpp put the
-requests, and a level from a few lone prefills is itself noisy: n is printed).  "slot runs": the runs of
+requests really had (median).  At one slot, with both, the same replay with the profile's steps scaled to the run's
+level ("at run's steps": the prompt tokens' part of a step at the prefill level, the rest at the decode level) says
+how much of a miss is the machine's speed moving rather than the model; at 8 slots it is not replayed (a few lone
+prefills per run, and the sequences would still sit in slots at random).  "slot runs": the runs of
 neighbouring slots the decoding requests held, measured against the random placement the twin charges (llama.cpp
 places a request by what each slot last held), and the median ratio of the model's step at the run's slots to its
 step at random placement.  A profile that ``profile.problems`` names as a misfit (its ``c`` more than 25 % from its
@@ -152,9 +152,10 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
                           max_num_seqs=server.n_parallel, arrivals=sent, wake=0.0)
     tokens = sum(c.n_tokens for c in done)
     queued = np.array([any(d.sent_at < c.sent_at < d.done_at for d in done[:i]) for i, c in enumerate(done)])
-    # The run's own step level, from the server's timings and the streams: the same replay with the profile's steps
-    # scaled to it says how much of a miss is the machine's speed moving.  (Its sequences still sit in slots at
-    # random, as in the twin: what is left at 8 slots includes where llama.cpp put them.)
+    # The run's own step level, from the server's timings and the streams.  At one slot every step holds one request,
+    # so the same replay with the profile's steps scaled to it says how much of a miss is the machine's speed moving.
+    # At 8 slots it is not replayed: the lone prefills are few (2-10 per run) and the replay would still place
+    # sequences at random: in one run it read e2e 0.78-1.50 and TTFT 0.83-2.82 there, explaining nothing.
     steps = decode_steps(done, profile)
     prefill, lone = prefill_level(done, queued, profile)
     level = {"prefill": prefill, "lone": lone, "decode": steps["level"]}
@@ -163,7 +164,7 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
                if not q and "prompt_ms" in c.server_timings]
     level["outside_ms"] = 1e3 * float(np.mean(outside)) if outside else float("nan")
     at_level = None
-    if np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
+    if server.n_parallel == 1 and np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
         def scaled(p: float, s: float, kv: float) -> float:
             # The prompt tokens' part at the prefill level, the rest of the step (per step, per sequence, context,
             # micro-batches) at the decode level; the wake cost is the twin's own, added once by simulate_llm.
