@@ -73,7 +73,7 @@ import numpy as np
 import psutil
 from _timing import machine, table
 
-from infergraph_lite import simulate_llm
+from infergraph_lite import LLMResult, simulate_llm
 from infergraph_lite.frameworks.llamacpp import (
     Completion,
     CompletionRequest,
@@ -143,13 +143,14 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     if report.failed or report.refused or len(done) != n or any(c.n_tokens != out for c in done):
         raise RuntimeError(f"{server!r}: {report.failed} failed, {report.refused} refused, {len(done)} of {n} answered")
     sent = np.array([c.sent_at for c in done]) - done[0].sent_at
-    sim = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
-                       output_tokens=[c.n_tokens for c in done], step_time=profile, max_num_seqs=server.n_parallel,
-                       arrivals=sent)
-    # The same replay without the wake cost: what that part of the twin changes.
-    asleep = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
-                          output_tokens=[c.n_tokens for c in done], step_time=profile,
-                          max_num_seqs=server.n_parallel, arrivals=sent, wake=0.0)
+    def replay(step_time: Any, **twin: Any) -> LLMResult:
+        # The run's own requests (lengths, send times) through simulate_llm.
+        return simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
+                            output_tokens=[c.n_tokens for c in done], step_time=step_time,
+                            max_num_seqs=server.n_parallel, arrivals=sent, **twin)
+
+    sim = replay(profile)
+    asleep = replay(profile, wake=0.0)      # without the wake cost: what that part of the twin changes
     tokens = sum(c.n_tokens for c in done)
     queued = np.array([any(d.sent_at < c.sent_at < d.done_at for d in done[:i]) for i, c in enumerate(done)])
     # The run's own step level, from the server's timings and the streams.  At one slot every step holds one request,
@@ -163,6 +164,7 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     outside = [c.ttft - float(c.server_timings["prompt_ms"]) / 1e3 for c, q in zip(done, queued, strict=True)
                if not q and "prompt_ms" in c.server_timings]
     level["outside_ms"] = 1e3 * float(np.mean(outside)) if outside else float("nan")
+    level["overhead_ms"] = 1e3 * profile.request_overhead     # what the twin charges there
     at_level = None
     if server.n_parallel == 1 and np.isfinite(level["prefill"]) and np.isfinite(level["decode"]):
         def scaled(p: float, s: float, kv: float) -> float:
@@ -170,12 +172,8 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
             # micro-batches) at the decode level; the wake cost is the twin's own, added once by simulate_llm.
             prompt_part = profile.model.c * p
             return (profile(p, s, kv) - prompt_part) * level["decode"] + prompt_part * level["prefill"]
-        at_level = simulate_llm(n_requests=n, prompt_tokens=[c.prompt_tokens for c in done],
-                                output_tokens=[c.n_tokens for c in done], step_time=scaled,
-                                max_num_seqs=server.n_parallel,
-                                arrivals=sent, request_overhead=profile.request_overhead,
-                                response_overhead=profile.response_overhead, wake=profile.wake,
-                                idle_after=profile.idle_after)
+        at_level = replay(scaled, request_overhead=profile.request_overhead,
+                          response_overhead=profile.response_overhead, wake=profile.wake, idle_after=profile.idle_after)
     real = {"e2e": float(np.mean([c.e2e for c in done])), "ttft": float(np.mean([c.ttft for c in done])),
             "tok_s": tokens / (max(c.done_at for c in done) - done[0].sent_at),
             "tpot": float(np.mean([c.tpot for c in done]))}
@@ -243,7 +241,7 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
             slots = [d.slot for d, _ in held]
             if min(slots) < 0:
                 continue
-            actual = m.a + m.b * k + m.d * kv + m.e * (slot_runs(slots) - 1)
+            actual = m.step_seconds(0, k, kv, extra_batches=slot_runs(slots) - 1)
             level.append((t - before) / actual)
             placement.append(actual / profile(0, k, kv))
             if k >= 2:
@@ -289,7 +287,6 @@ def main() -> None:
     rows: list[list[Any]] = []
     results: list[tuple[int, float, dict[str, Any]]] = []
     misfit: dict[int, str] = {}     # slots -> why every profile of that server was refused
-    profile_of: dict[int, float] = {}   # slots -> the used profile's request overhead (s)
     for slots in (1, 8):
         with LlamaCppServer(model, n_parallel=slots, n_ctx=512 * slots, threads=1) as server:
             tried: list[StepTimeProfile] = []
@@ -314,7 +311,6 @@ def main() -> None:
                 print(f"  every profile had a problem: the one with the fewest (worst sample "
                       f"{100 * profile.model.worst_relative_error:.0f} % off) is used, and every ratio on this server "
                       "is unconfirmed, met or not")
-            profile_of[slots] = profile.request_overhead
             cap = capacity(profile, slots, prompts, args.tokens)
             print(f"  simulated capacity {cap:.1f} req/s")
             for k, f in enumerate(loads):
@@ -348,7 +344,7 @@ def main() -> None:
                      *(f"{1e3 * got['split'][k][0]:.3g} ({got['split'][k][1]})" for k in ("idle", "queued")),
                      got["wakes"], real["e2e"] / got["no_wake"]["e2e"], real["ttft"] / got["no_wake"]["ttft"],
                      f"{got['level']['prefill']:.3g} ({got['level']['lone']})",
-                     f"{got['level']['outside_ms']:.2f} / {1e3 * profile_of[slots]:.2f}",
+                     f"{got['level']['outside_ms']:.2f} / {got['level']['overhead_ms']:.2f}",
                      got["level"]["decode"],
                      *((real[k] / got["at_level"][k] for k in ("e2e", "ttft")) if got["at_level"] else ("-", "-")),
                      runs_cell(got["placement"])])
