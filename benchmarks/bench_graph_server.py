@@ -173,10 +173,9 @@ def threads_vs_processes() -> None:
         rates: list[float] = []  # the saturated throughput each repetition's loads are fractions of
         for repeat in range(REPEATS):
             for mode, server in servers.items():  # interleaved: the machine's load changes hit both modes
-                before = {name: len(batcher.batches) for name, batcher in server.batchers.items()}
+                before = server.batch_marks()
                 saturated[mode].append(run_open_loop(server, np.zeros(SATURATION_REQUESTS), make_request).throughput)
-                done = [b for name, batcher in server.batchers.items() for b in batcher.batches[before[name]:]]
-                burst_work[mode].append(sum(b.work for b in done) / SATURATION_REQUESTS)
+                burst_work[mode].append(sum(server.work_per_request(since=before).values()))
             server = servers["processes"]
             rates.append(saturated["processes"][-1])  # measured just before, as notebook 06 does
             for k, load in enumerate(CPU_LOADS):

@@ -462,3 +462,26 @@ def test_each_batch_records_the_cpu_seconds_its_function_used_where_it_ran(worke
         assert 0.002 * batch.size <= batch.work < 0.002 * batch.size + 0.004
         assert batch.end - batch.start >= batch.work + 0.005  # the wall time holds the sleep as well
     assert sorted(r.work for r in records) == sorted(b.work for b in batches for _ in range(b.size))
+
+
+@pytest.mark.parametrize("workers", ["threads", "processes"])
+def test_work_per_request_counts_only_the_batches_after_the_mark(workers):
+    # 2 ms of CPU per item in "a", 4 ms in "b": per request, whatever the batches were
+    a = functools.partial(stage_fns.spin_then_nap, spin=0.002, nap=0.0)
+    b = functools.partial(stage_fns.spin_then_nap, spin=0.004, nap=0.0)
+    stages = {"a": (Stage(fn=a, max_batch_size=4), ["request"]), "b": (Stage(fn=b, max_batch_size=4), ["a"])}
+    with GraphServer(stages, workers=workers) as server:
+        server.submit({"request": 0}).result(timeout=60)
+        mark = server.batch_marks()
+        assert mark == {"a": 1, "b": 1}
+        for f in [server.submit({"request": i}) for i in range(6)]:
+            f.result(timeout=60)
+        work = server.work_per_request(mark)
+        window = {name: server.batchers[name].batches[mark[name]:] for name in stages}
+    assert {name: sum(x.size for x in batches) for name, batches in window.items()} == {"a": 6, "b": 6}
+    assert 0.002 <= work["a"] < 0.002 + 0.004 and 0.004 <= work["b"] < 0.004 + 0.004
+    assert work == pytest.approx({name: sum(x.work for x in batches) / 6 for name, batches in window.items()})
+    assert server.work_per_request(server.batch_marks()) == {"a": pytest.approx(float("nan"), nan_ok=True),
+                                                            "b": pytest.approx(float("nan"), nan_ok=True)}
+    with pytest.raises(ValueError, match=r"since names stages this server does not have: \['c'\]"):
+        server.work_per_request({"c": 0})

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -232,6 +233,38 @@ class GraphServer:
         """Per stage, the mean queue and compute time per request and the mean batch size (per batch),
         over every request served so far (:class:`~infergraph_lite.serving.metrics.StageTimes`)."""
         return stage_times(self.stage_records())
+
+    def batch_marks(self) -> dict[str, int]:
+        """How many batches each stage has run so far: a mark to give :meth:`work_per_request` as ``since``."""
+        return {name: len(batcher.batches) for name, batcher in self.batchers.items()}
+
+    def work_per_request(self, since: Mapping[str, int] | None = None) -> dict[str, float]:
+        """Per stage, the CPU seconds its function used per request, over its batches since ``since``.
+
+        ``since`` is a :meth:`batch_marks` taken earlier (default: every batch so far); each batch's ``work`` is
+        timed where the function ran (this process's thread, or the worker process).  Their sum over the stages
+        is a request's work through the graph: with ``workers="threads"``, one interpreter lock serves at most
+        ``1 / sum`` requests per second.  A stage with no batch in the window is NaN.
+
+        >>> from infergraph_lite.core.stage import Stage
+        >>> stages = {"a": (Stage(fn=lambda xs: [sum(range(20_000)) for _ in xs]), ["request"])}
+        >>> with GraphServer(stages) as server:
+        ...     _ = server.submit({"request": 0}).result()
+        ...     mark = server.batch_marks()
+        ...     _ = [f.result() for f in [server.submit({"request": i}) for i in range(4)]]
+        >>> mark, server.work_per_request(mark)["a"] > 0
+        ({'a': 1}, True)
+        """
+        since = since or {}
+        unknown = sorted(set(since) - set(self.batchers))
+        if unknown:
+            raise ValueError(f"since names stages this server does not have: {unknown}")
+        work = {}
+        for name, batcher in self.batchers.items():
+            batches = batcher.batches[since.get(name, 0):]
+            served = sum(b.size for b in batches)
+            work[name] = sum(b.work for b in batches) / served if served else math.nan
+        return work
 
     def submit(self, inputs: Mapping[str, Any]) -> Future:
         """Send one request (a dict with every input the graph reads) into the graph.
