@@ -182,7 +182,7 @@ def threads_vs_processes() -> None:
                 gaps = np.random.default_rng([repeat, k, 16]).exponential(1 / (load * rates[-1]), CPU_REQUESTS)
                 first = len(server.records) + server.failed
                 marks = {name: len(rows) for name, rows in server.stage_records().items()}
-                bmarks = {name: len(b.batches) for name, b in server.batchers.items()}
+                bmarks = server.batch_marks()
                 ours = [os.getpid(), *(pid for pids in server.worker_pids.values() for pid in pids)]
                 with CpuMeter(ours) as meter:
                     parent_cpu = time.process_time()

@@ -485,3 +485,6 @@ def test_work_per_request_counts_only_the_batches_after_the_mark(workers):
                                                             "b": pytest.approx(float("nan"), nan_ok=True)}
     with pytest.raises(ValueError, match=r"since names stages this server does not have: \['c'\]"):
         server.work_per_request({"c": 0})
+    for bad in (-1, 99, 1.5):
+        with pytest.raises(ValueError, match=rf"since\['a'\] must be a batch count from 0 to the \d+ .* got {bad}"):
+            server.work_per_request({"a": bad})

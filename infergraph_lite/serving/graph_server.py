@@ -241,10 +241,12 @@ class GraphServer:
     def work_per_request(self, since: Mapping[str, int] | None = None) -> dict[str, float]:
         """Per stage, the CPU seconds its function used per request, over its batches since ``since``.
 
-        ``since`` is a :meth:`batch_marks` taken earlier (default: every batch so far); each batch's ``work`` is
-        timed where the function ran (this process's thread, or the worker process).  Their sum over the stages
-        is a request's work through the graph: with ``workers="threads"``, one interpreter lock serves at most
-        ``1 / sum`` requests per second.  A stage with no batch in the window is NaN.
+        ``since`` is a :meth:`batch_marks` taken earlier, while no batch was running (batches are recorded in
+        the order they started, so with several replicas a mark taken mid-batch can misplace one); default: every
+        batch so far.  Each batch's ``work`` is timed where the function ran (this process's thread, or the worker
+        process).  Their sum over the stages is a request's work through the graph: with ``workers="threads"``
+        and stages whose work holds the interpreter lock (pure Python, not numpy or a sleep), one process serves
+        at most ``1 / sum`` requests per second.  A stage with no batch in the window is NaN.
 
         >>> from infergraph_lite.core.stage import Stage
         >>> stages = {"a": (Stage(fn=lambda xs: [sum(range(20_000)) for _ in xs]), ["request"])}
@@ -259,6 +261,11 @@ class GraphServer:
         unknown = sorted(set(since) - set(self.batchers))
         if unknown:
             raise ValueError(f"since names stages this server does not have: {unknown}")
+        for name, mark in since.items():
+            ran = len(self.batchers[name].batches)
+            if not isinstance(mark, int) or not 0 <= mark <= ran:
+                raise ValueError(f"since[{name!r}] must be a batch count from 0 to the {ran} stage {name!r} has run, "
+                                 f"got {mark!r}")
         work = {}
         for name, batcher in self.batchers.items():
             batches = batcher.batches[since.get(name, 0):]
