@@ -435,6 +435,27 @@ def test_slot_runs_and_their_expectation_over_random_placements():
     assert expected_runs(3, None) == 1.0 and expected_runs(0, None) == 0.0
 
 
+def test_the_simulators_slot_placement_picks_the_slots_the_real_server_picks(model):
+    # A fresh 4-slot server: lone requests, then three at once, then lone requests again, with prompts that are
+    # prefixes of one text.  simulate_llm(slot_placement="prefix") must put every request where llama.cpp did
+    # (tests/test_simulate_llm.py holds the same sequence without a server).
+    from infergraph_lite import simulate_llm
+
+    first, together, again = [16, 20, 16, 28, 24], [24, 24, 24], [16, 20, 24, 28, 12]
+    with LlamaCppServer(model, n_parallel=4, n_ctx=4 * 256, threads=1) as server, \
+            server.client(n_predict=4, max_in_flight=4) as client:
+        real = [client.complete(prompt_of(p)).slot for p in first]
+        real += sorted((f.result(timeout=60).slot for f in [client.submit(prompt_of(p)) for p in together]),
+                       reverse=True)
+        real += [client.complete(prompt_of(p)).slot for p in again]
+    prompts = first + together + again
+    arrivals = [float(k) for k in range(5)] + [5.0] * 3 + [6.0 + k for k in range(5)]
+    sim = simulate_llm(n_requests=len(prompts), prompt_tokens=prompts, output_tokens=4, step_time=0.01,
+                       max_num_seqs=4, arrivals=arrivals, slot_placement="prefix")
+    together_sim = sorted(sim.slot[5:8].tolist(), reverse=True)
+    assert real == sim.slot[:5].tolist() + together_sim + sim.slot[8:].tolist()
+
+
 def test_the_fit_charges_each_extra_micro_batch_and_the_twin_expects_them():
     # Steps measured with their micro-batches (from the slots): two decodes in slots apart cost two passes.
     a, b, c, d, e = 0.004, 0.0015, 0.0014, 8e-6, 0.0035
@@ -445,9 +466,12 @@ def test_the_fit_charges_each_extra_micro_batch_and_the_twin_expects_them():
     rows += [step(p, 0, p, 1) for p in (16, 64)]
     model = fit_step_time(rows, relative=False, slots=8)
     assert [model.a, model.b, model.c, model.d, model.e] == pytest.approx([a, b, c, d, e], rel=1e-9)
-    # The simulator does not know the slots: it is charged the runs expected at random placement, k - k(k-1)/8.
+    # Told no slots, the model charges the runs expected at random placement, k - k(k-1)/8; told the step's extra
+    # micro-batches (simulate_llm with slot_placement counts them), exactly those.
     assert model.slots == 8 and model.extra_batches(0, 2) == pytest.approx(0.75)
     assert model(0, 2, 80) == pytest.approx(a + 2 * b + d * 80 + e * 0.75)
+    assert model(0, 2, 80, 0) == pytest.approx(a + 2 * b + d * 80)
+    assert model(0, 2, 80, extra_batches=1) == pytest.approx(a + 2 * b + d * 80 + e)
     assert model(16, 0, 16) == pytest.approx(a + c * 16 + d * 16)                 # a lone prefill: one pass
     # 3 decodes: 2.25 runs expected, the prefill one more pass: 2.25 beyond the first.
     assert model(16, 3, 76) == pytest.approx(a + 3 * b + c * 16 + d * 76 + e * (3 - 3 * 2 / 8 + 1 - 1))

@@ -176,9 +176,13 @@ class StepTimeModel:
         return (self.a + self.b * decode_seqs + self.c * prefill_tokens + self.d * kv_tokens
                 + self.e * extra_batches)
 
-    def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
-        return self.step_seconds(prefill_tokens, decode_seqs, kv_tokens,
-                                 self.extra_batches(prefill_tokens, decode_seqs))
+    def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float,
+                 extra_batches: float | None = None) -> float:
+        """A step's seconds; ``extra_batches`` (None: the expectation, :meth:`extra_batches`) as
+        ``simulate_llm(slot_placement=...)`` counts them from the slots it placed."""
+        if extra_batches is None:
+            extra_batches = self.extra_batches(prefill_tokens, decode_seqs)
+        return self.step_seconds(prefill_tokens, decode_seqs, kv_tokens, extra_batches)
 
     @property
     def coefficients(self) -> dict[str, float]:
@@ -310,8 +314,9 @@ class StepTimeProfile:
                          f"{100 * WORST_FIT:.0f} %")
         return tuple(found)
 
-    def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float) -> float:
-        return self.model(prefill_tokens, decode_seqs, kv_tokens)
+    def __call__(self, prefill_tokens: float, decode_seqs: float, kv_tokens: float,
+                 extra_batches: float | None = None) -> float:
+        return self.model(prefill_tokens, decode_seqs, kv_tokens, extra_batches)
 
     @property
     def request_overhead(self) -> float:

@@ -56,6 +56,7 @@ class LLMResult(LatencySummary):
     steps_decode_seqs: np.ndarray
     steps_kv_tokens: np.ndarray
     steps_kv_slots: np.ndarray
+    slot: np.ndarray | None = None   # the slot each request last ran in (None: slots not placed; see simulate_llm)
     request_overhead: float = 0.0    # seconds from arrival to the first step that may schedule the request
     response_overhead: float = 0.0   # seconds from the last token to the answer's end
     wake: float = 0.0                # seconds added to a step that found the engine idle (see simulate_llm)
@@ -127,6 +128,9 @@ def simulate_llm(
     response_overhead: float | None = None,
     wake: float | None = None,
     idle_after: float | None = None,
+    slot_placement: str | None = None,
+    slot_prompt_similarity: float = 0.1,
+    slot_prompts: Sequence[int] | None = None,
 ) -> LLMResult:
     """Simulate an LLM engine serving ``n_requests`` requests, step by step.
 
@@ -163,6 +167,26 @@ def simulate_llm(
     added to a step that starts after the engine had no request running or waiting for at least ``idle_after``
     seconds, and to the very first step (``result.wakes`` counts them).  None takes each from ``step_time``'s
     attribute of that name, as for the overheads; ``wake`` defaults to 0 (no such cost).
+
+    Where the sequences sit matters to llama.cpp: with a KV cache per slot it runs a step as micro-batches over
+    neighbouring slots only.  ``slot_placement`` places every admitted request in one of ``max_num_seqs`` slots by
+    llama.cpp's server's rule: ``"lru"``, the least recently used idle slot; ``"prefix"``, for prompts that are
+    prefixes of one text (as :func:`~infergraph_lite.frameworks.llamacpp_model.prompt_of` makes them), the idle
+    slot whose cached prompt shares the longest prefix with the new one if that is over ``slot_prompt_similarity``
+    of it (llama.cpp's ``--slot-prompt-similarity``), else the least recently used.  ``slot_prompts``: the prompt
+    length each slot holds at the start (0: empty; default all empty, a fresh server).  Then ``step_time`` is
+    called with a fourth argument, ``extra_batches``: the step's micro-batches beyond the first (a
+    :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` takes it), and ``result.slot`` says where
+    each request ran (see :meth:`~infergraph_lite.simulation.llm_scheduler.LLMEngine.choose_slot`).  Three lone
+    requests on a fresh 4-slot server go round the never-used slots, highest first (llama.cpp's tie-break); with
+    prompts of one text, each finds the slot that holds the last one:
+
+    >>> for placement in ["lru", "prefix"]:
+    ...     r = simulate_llm(n_requests=3, prompt_tokens=16, output_tokens=4, step_time=0.01, max_num_seqs=4,
+    ...                      arrivals=[0.0, 1.0, 2.0], slot_placement=placement)
+    ...     print(placement, r.slot)
+    lru [3 2 1]
+    prefix [3 3 3]
 
     One request alone, 4 output tokens at 10 ms a step, takes 40 ms; eight offline requests of 8, 7, ..., 1
     tokens in static batches of 4 take 8 + 4 steps; continuously batched, 9 (36 tokens, 4 a step):
@@ -207,7 +231,8 @@ def simulate_llm(
     check_fraction("warmup", warmup, allow_zero=True)
     seed = check_non_negative_int("seed", seed)
     times = _arrivals(arrival_rate, arrivals, n, seed)
-    step = _step_time(step_time)
+    cached = _placement(slot_placement, slot_prompt_similarity, slot_prompts, max_num_seqs)
+    step = _step_time(step_time, placed=slot_placement is not None)
     before = _overhead("request_overhead", request_overhead, step_time)
     after = _overhead("response_overhead", response_overhead, step_time)
     wake_s, idle_s = _wake(wake, idle_after, step_time)
@@ -250,10 +275,12 @@ def simulate_llm(
                        max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
                        prefill_first=bool(prefill_first), static=scheduling == "static", wake=wake_s,
-                       idle_after=idle_s)
+                       idle_after=idle_s, placement=slot_placement, slot_prompt_similarity=slot_prompt_similarity,
+                       slot_prompts=cached)
     engine.run(step, None if callable(step_time) else float(step_time))
     return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
-                   wake=wake_s, idle_after=idle_s, wakes=engine.wakes)
+                   wake=wake_s, idle_after=idle_s, wakes=engine.wakes,
+                   slot=None if slot_placement is None else np.array(engine.slot))
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -308,13 +335,41 @@ def _wake(wake: float | None, idle_after: float | None, step_time: StepTime) -> 
     return seconds, check_number("step_time.idle_after", idle_after)
 
 
-def _step_time(step_time: StepTime) -> Callable[[int, int, int], float]:
+def _step_time(step_time: StepTime, placed: bool = False) -> Callable[..., float]:
+    # Fail before anything runs if step_time cannot be called as documented (with slots placed: four arguments).
     if callable(step_time):
-        probe = step_time(1, 0, 1)    # fail before anything runs if it cannot be called as documented
-        check_number("step_time(1, 0, 1)", probe)
+        args = (1, 1, 2, 1) if placed else (1, 0, 1)
+        try:
+            probe = step_time(*args)
+        except TypeError as error:
+            if not placed:
+                raise
+            raise ValueError("step_time must take a fourth argument, extra_batches (the step's micro-batches beyond "
+                             f"its first), when slot_placement is set: {error}") from None
+        check_number(f"step_time{args}".replace(",)", ")"), probe)
         return step_time
     seconds = check_number("step_time", step_time)
-    return lambda prefill, decode, kv: seconds
+    return lambda prefill, decode, kv, *extra: seconds
+
+
+def _placement(placement: str | None, similarity: float, slot_prompts: Sequence[int] | None,
+               slots: int) -> list[int] | None:
+    # Check the slot-placement arguments; returns each slot's cached prompt length at the start.
+    if placement is None:
+        if slot_prompts is not None:
+            raise ValueError("slot_prompts needs slot_placement ('lru' or 'prefix'): without it no slot is placed")
+        return None
+    if placement not in ("lru", "prefix"):
+        raise ValueError(f"slot_placement must be None, 'lru' or 'prefix', got {placement!r}")
+    if not (isinstance(similarity, (int, float)) and 0 <= similarity < 1):
+        raise ValueError(f"slot_prompt_similarity must be a fraction in [0, 1), got {similarity!r}")
+    cached = [0] * slots
+    if slot_prompts is not None:
+        cached = list(slot_prompts)
+        if len(cached) != slots or not all(isinstance(c, (int, np.integer)) and c >= 0 for c in cached):
+            raise ValueError(f"slot_prompts must hold one whole number >= 0 per slot (max_num_seqs = {slots}), "
+                             f"got {slot_prompts!r}")
+    return [int(c) for c in cached]
 
 
 def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int,

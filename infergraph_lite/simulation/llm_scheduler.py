@@ -92,6 +92,16 @@ class LLMEngine:
     first step of all: the cost of waking an idle server (see :class:`~infergraph_lite.frameworks.llamacpp_profile.
     StepTimeModel`); ``wakes`` counts the steps that paid it.
 
+    ``placement`` gives the ``max_num_seqs`` sequence slots identities, as llama.cpp's server has them, and chooses
+    one for each request it admits (:meth:`choose_slot`): ``"lru"``, the least recently used idle slot;
+    ``"prefix"``, llama.cpp's rule for prompts that are prefixes of one text (as :func:`~infergraph_lite.frameworks.
+    llamacpp_model.prompt_of` makes them): the idle slot whose cached prompt shares the longest prefix with the new
+    one, if that is over ``slot_prompt_similarity`` of it, else the least recently used.  ``slot_prompts`` is the
+    prompt length each slot holds at the start (0: empty).  With slots placed, ``step_time`` gets a fourth
+    argument, the micro-batches the step runs beyond its first: each run of neighbouring slots that decode is one,
+    and a prefill beside them one more (llama.cpp's per-slot KV cache; see :func:`~infergraph_lite.frameworks.
+    llamacpp_profile.slot_runs`).  ``slot[i]`` is the slot request ``i`` last ran in (-1: none placed).
+
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
     >>> e.first_token, e.finish_time, sum(run[3] for run in e.runs)
@@ -101,8 +111,17 @@ class LLMEngine:
     def __init__(self, prompt: list[int], output: list[int], arrival: list[float], *, max_num_seqs: int,
                  max_num_batched_tokens: float = math.inf, num_blocks: float = math.inf, block_size: int = 16,
                  reserve: list[int] | None = None, chunked_prefill: bool = True, prefill_first: bool = False,
-                 static: bool = False, wake: float = 0.0, idle_after: float = math.inf) -> None:
+                 static: bool = False, wake: float = 0.0, idle_after: float = math.inf,
+                 placement: str | None = None, slot_prompt_similarity: float = 0.1,
+                 slot_prompts: list[int] | None = None) -> None:
         n = len(prompt)
+        self.placement, self.slot_prompt_similarity = placement, slot_prompt_similarity
+        self.slot = [-1] * n                  # the slot each request last ran in (placement only)
+        self.slot_busy = [False] * max_num_seqs
+        self.slot_decoding = [False] * max_num_seqs
+        self.slot_cached = list(slot_prompts) if slot_prompts is not None else [0] * max_num_seqs
+        self.slot_used = [-math.inf] * max_num_seqs    # when each slot was last released (-inf: never)
+        self.now = 0.0
         self.wake, self.idle_after = wake, idle_after
         self.wakes = 0                        # steps that paid ``wake`` (they found the engine idle)
         self.prompt, self.output, self.arrival = prompt, output, arrival
@@ -151,6 +170,51 @@ class LLMEngine:
     def newest(self) -> int:
         return next(reversed(self.running))
 
+    def choose_slot(self, i: int) -> int:
+        """The idle slot request ``i`` joins in, by llama.cpp's server's rule (``get_available_slot``).
+
+        ``"prefix"``: of the idle slots holding a cached prompt, the one sharing the longest prefix with request
+        ``i``'s (prompts of one text share ``min`` of their lengths), if that is over ``slot_prompt_similarity`` of
+        the new prompt; ties go to the lowest-numbered.  Otherwise (and always for ``"lru"``) the least recently
+        released; among slots released equally long ago (never, at the start) the highest-numbered, as llama.cpp's
+        ``t_last_used <= t_last`` comparison picks.
+        """
+        idle = [s for s, busy in enumerate(self.slot_busy) if not busy]
+        if self.placement == "prefix":
+            length, best, pick = self.prompt[i], 0.0, -1
+            for s in idle:
+                similarity = min(length, self.slot_cached[s]) / length
+                if similarity > best and similarity > self.slot_prompt_similarity:
+                    best, pick = similarity, s
+            if pick >= 0:
+                return pick
+        pick = idle[0]
+        for s in idle[1:]:
+            if self.slot_used[s] <= self.slot_used[pick]:
+                pick = s
+        return pick
+
+    def extra_batches(self, prefill: int) -> int:
+        """Micro-batches beyond the first this step runs: one per run of neighbouring decoding slots, one more for
+        a prefill beside them (llama.cpp's per-slot cache; :func:`~infergraph_lite.frameworks.llamacpp_profile.
+        slot_runs`)."""
+        decoding, runs = self.slot_decoding, 0
+        if self.decode_step:
+            runs = sum(1 for s, d in enumerate(decoding) if d and (s == 0 or not decoding[s - 1]))
+        return max(0, runs + (1 if prefill else 0) - 1)
+
+    def _take_slot(self, i: int) -> None:
+        if self.placement is not None:
+            s = self.slot[i] = self.choose_slot(i)
+            self.slot_busy[s] = True
+
+    def _free_slot(self, i: int, cached: int) -> None:
+        if self.placement is not None:
+            s = self.slot[i]
+            self.slot_busy[s] = self.slot_decoding[s] = False
+            self.slot_cached[s] = cached
+            self.slot_used[s] = self.now
+
     def decode_blocks_needed(self) -> int:
         # A decoding sequence writes one token a step; it needs a block when its cache is a whole number of blocks.
         return self.by_phase[-self.decodes % self.block_size] if self.paged else 0
@@ -184,6 +248,7 @@ class LLMEngine:
                 break
             self.waiting.popleft()
             self.running[i] = False
+            self._take_slot(i)
             self.prefilling.append(i)
             self.chunks.append((i, n))
             budget -= n
@@ -198,6 +263,7 @@ class LLMEngine:
                 break
             self.waiting.popleft()
             self.running[i] = False
+            self._take_slot(i)
             self.prefilling.append(i)
 
     def preempt(self, i: int) -> None:
@@ -223,11 +289,12 @@ class LLMEngine:
         self.kv_tokens -= comp
         self.computed[i] = 0
         self.held[i] = 0
+        self._free_slot(i, 0)                  # its cache is dropped
         self.waiting.appendleft(i)
         self.preemptions += 1
 
     # -- the loop ------------------------------------------------------------------------------------------
-    def run(self, step_time: Callable[[int, int, int], float], constant: float | None = None) -> None:
+    def run(self, step_time: Callable[..., float], constant: float | None = None) -> None:
         """Run steps until every request has all its tokens; ``constant``: every step takes that long.
 
         With a constant step time, a stretch of steps in which only decoding happens — nobody can join, nobody
@@ -248,6 +315,7 @@ class LLMEngine:
                 if k > 1:
                     now = self._decode_run(now, constant, k)
                     continue
+            self.now = now
             schedule_step(self)
             decode = self.n_decoding if self.decode_step else 0
             prefill = 0
@@ -256,7 +324,12 @@ class LLMEngine:
             if not (decode or prefill):
                 raise RuntimeError("the scheduler chose an empty step: no request can make progress")
             self.kv_tokens += prefill + decode
-            dt = constant if constant is not None else step_time(prefill, decode, self.kv_tokens)
+            if constant is not None:
+                dt = constant
+            elif self.placement is not None:     # the micro-batches the placed slots make
+                dt = step_time(prefill, decode, self.kv_tokens, self.extra_batches(prefill))
+            else:
+                dt = step_time(prefill, decode, self.kv_tokens)
             if not 0 < dt < math.inf:
                 raise ValueError(f"step_time must return a positive finite number of seconds, got {dt!r}")
             if self.wake and now - idle_since >= self.idle_after:
@@ -265,6 +338,7 @@ class LLMEngine:
             idle_since = math.inf
             self.runs.append((self.decodes, now, dt, 1, prefill, decode, self.kv_tokens, self.allocated_blocks, -1))
             now += dt
+            self.now = now
             if decode:
                 self.decodes += 1
                 finishes = self.finishes
@@ -330,7 +404,7 @@ class LLMEngine:
             pattern = self.patterns.setdefault(needs, len(self.patterns))
         self.runs.append((first, now, dt, k, 0, n_dec, self.kv_tokens + n_dec, first_blocks, pattern))
         self.kv_tokens += k * n_dec
-        now = now + k * dt
+        now = self.now = now + k * dt
         self.decodes += k
         finishes = self.finishes
         while finishes and finishes[0][0] < self.decodes:
@@ -363,6 +437,8 @@ class LLMEngine:
             self._release(i, self.computed[i], now)
             return
         self.running[i] = True
+        if self.placement is not None:
+            self.slot_decoding[self.slot[i]] = True
         self.decode_start[i] = self.decodes
         self.by_phase[(self.computed[i] - self.decodes) % self.block_size] += 1
         self.n_decoding += 1
@@ -385,6 +461,7 @@ class LLMEngine:
 
     def _release(self, i: int, comp: int, now: float) -> None:
         self.running.pop(i, None)
+        self._free_slot(i, self.prompt[i])     # the slot keeps the prompt (and answer) in its cache
         held = self.reserve[i] if self.reserve is not None else -(-comp // self.block_size)
         self.free_blocks += held
         self.allocated_blocks -= held
