@@ -201,7 +201,7 @@ def threads_vs_processes() -> None:
                 bare = simulate_graph(worked, None, **replay)
                 sim = simulate_graph(hops.occupying(worked), None, hop_delay=hops.handoff, **replay)
                 # Trace-driven: each batch's wall time and turnaround as this run recorded them, the same hand-off
-                batches = {name: b.batches[bmarks[name]:] for name, b in server.batchers.items()}
+                batches = server.batches_since(bmarks)
                 traced = dataclasses.replace(hops, trip={}, turnaround=recorded_turnaround(batches))
                 walls = traced.occupying(recorded_twin(records, twin, spread=True, seed=repeat))
                 recorded = simulate_graph(walls, None, hop_delay=traced.handoff, **replay)

@@ -129,11 +129,34 @@ def capacity(profile: StepTimeProfile, slots: int, prompts: list[int], out: int)
     return n / sim.makespan
 
 
+def prime_slots(server: LlamaCppServer, prompt: int) -> list[int]:
+    """Give every slot the same cached prompt (one request each, all at once); returns each slot's cached prompt.
+
+    llama.cpp places a request by what each idle slot last held, so the twin must start from the slots' real state.
+    A slot that took none of these (if one finished before the last was sent) keeps what the server last put there,
+    unknown here: the run then cannot be replayed slot for slot, and this raises.
+    """
+    slots = server.n_parallel
+    with server.client(n_predict=4, max_in_flight=slots, timeout=60) as client:
+        done = [f.result(timeout=60) for f in [client.submit(prompt_of(prompt)) for _ in range(slots)]]
+    taken = sorted(c.slot for c in done)
+    if taken != list(range(slots)):
+        raise RuntimeError(f"{server!r}: priming {slots} slots at once took slots {taken}: not one each")
+    time.sleep(WAKE_PAUSE)      # the run starts on an idle server, as the twin's first step (which pays the wake)
+    return [prompt] * slots
+
+
 def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: int, prompts: list[int], out: int,
              seed: int) -> dict[str, Any]:
-    """One open-loop Poisson run offering exactly ``rate`` req/s over the run, and its replay through the simulator."""
+    """One open-loop Poisson run offering exactly ``rate`` req/s over the run, and its replay through the simulator.
+
+    With more than one slot, every slot is primed with the same prompt first, and the twin places each request in a
+    slot by llama.cpp's rule from that state (``slot_placement="prefix"``: these prompts are prefixes of one text);
+    the same replay at random placement is kept beside it.
+    """
     arrivals = poisson_arrivals(rate, n, seed, exact_rate=True)
     lengths = [prompts[i % len(prompts)] for i in range(n)]
+    primed = prime_slots(server, min(prompts)) if server.n_parallel > 1 else None
     with server.client(n_predict=out, max_in_flight=n, timeout=120) as client:
         cpu, started = cpu_seconds(server.pid), time.perf_counter()
         report = run_open_loop(client, arrivals, make_item=lambda i: CompletionRequest(prompt_of(lengths[i]), out))
@@ -149,8 +172,11 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
                             output_tokens=[c.n_tokens for c in done], step_time=step_time,
                             max_num_seqs=server.n_parallel, arrivals=sent, **twin)
 
-    sim = replay(profile)
-    asleep = replay(profile, wake=0.0)      # without the wake cost: what that part of the twin changes
+    placed = {} if primed is None else {"slot_placement": "prefix", "slot_prompts": primed}
+    sim = replay(profile, **placed)
+    asleep = replay(profile, wake=0.0, **placed)      # without the wake cost: what that part of the twin changes
+    at_random = replay(profile) if primed else None  # the twin before it placed slots: the runs expected at random
+    same_slot = float(np.mean(sim.slot == np.array([c.slot for c in done]))) if primed else float("nan")
     tokens = sum(c.n_tokens for c in done)
     queued = np.array([any(d.sent_at < c.sent_at < d.done_at for d in done[:i]) for i, c in enumerate(done)])
     # The run's own step level, from the server's timings and the streams.  At one slot every step holds one request,
@@ -190,6 +216,9 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
             "level": level, "placement": steps,
             "at_level": None if at_level is None else {"e2e": at_level.mean("e2e"), "ttft": at_level.mean("ttft")},
             "split": split, "no_wake": {"e2e": asleep.mean("e2e"), "ttft": asleep.mean("ttft")}, "wakes": sim.wakes,
+            "at_random": None if at_random is None else {"e2e": at_random.mean("e2e"), "ttft": at_random.mean("ttft"),
+                                                         "tpot": at_random.mean("tpot")},
+            "same_slot": same_slot,
             "sent_rate": (n - 1) / sent[-1], "rate": rate, "lag": report.max_lag,
             "load": os.getloadavg()[0]}
 
@@ -331,7 +360,9 @@ def main() -> None:
               "… found idle ms (n)", "… found busy ms (n)", "wakes", "e2e ratio no wake", "TTFT ratio no wake",
               "prefill / profile (n)", "outside the step ms: run / profile", "decode / profile",
               "e2e ratio at run's steps", "TTFT ratio at run's steps",
-              "slot runs: run / random (request-steps); step at run's slots / random"]
+              "slot runs: run / random (request-steps); step at run's slots / random",
+              "same slot as the server", "e2e ratio at random slots", "TTFT ratio at random slots",
+              "TPOT ratio at random slots"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
@@ -347,7 +378,10 @@ def main() -> None:
                      f"{got['level']['outside_ms']:.2f} / {got['level']['overhead_ms']:.2f}",
                      got["level"]["decode"],
                      *((real[k] / got["at_level"][k] for k in ("e2e", "ttft")) if got["at_level"] else ("-", "-")),
-                     runs_cell(got["placement"])])
+                     runs_cell(got["placement"]),
+                     "-" if math.isnan(got["same_slot"]) else f"{got['same_slot']:.0%}",
+                     *((real[k] / got["at_random"][k] for k in ("e2e", "ttft", "tpot")) if got["at_random"]
+                       else ("-", "-", "-"))])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
             verdicts.append([f"{slots} slot(s), load {f}: {name} real / sim", ratio[key], f"within {TARGET:.0%}",
                              verdict(ratio[key], got["busy_share"], misfit.get(slots, ""))])

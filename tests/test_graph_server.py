@@ -465,7 +465,7 @@ def test_each_batch_records_the_cpu_seconds_its_function_used_where_it_ran(worke
 
 
 @pytest.mark.parametrize("workers", ["threads", "processes"])
-def test_work_per_request_counts_only_the_batches_after_the_mark(workers):
+def test_batches_since_and_work_per_request_count_only_the_batches_after_the_mark(workers):
     # 2 ms of CPU per item in "a", 4 ms in "b": per request, whatever the batches were
     a = functools.partial(stage_fns.spin_then_nap, spin=0.002, nap=0.0)
     b = functools.partial(stage_fns.spin_then_nap, spin=0.004, nap=0.0)
@@ -478,6 +478,8 @@ def test_work_per_request_counts_only_the_batches_after_the_mark(workers):
             f.result(timeout=60)
         work = server.work_per_request(mark)
         window = {name: server.batchers[name].batches[mark[name]:] for name in stages}
+        assert server.batches_since(mark) == window and server.batches_since() == {
+            name: server.batchers[name].batches for name in stages}
     assert {name: sum(x.size for x in batches) for name, batches in window.items()} == {"a": 6, "b": 6}
     assert 0.002 <= work["a"] < 0.002 + 0.004 and 0.004 <= work["b"] < 0.004 + 0.004
     assert work == pytest.approx({name: sum(x.work for x in batches) / 6 for name, batches in window.items()})
@@ -488,3 +490,5 @@ def test_work_per_request_counts_only_the_batches_after_the_mark(workers):
     for bad in (-1, 99, 1.5):
         with pytest.raises(ValueError, match=rf"since\['a'\] must be a batch count from 0 to the \d+ .* got {bad}"):
             server.work_per_request({"a": bad})
+        with pytest.raises(ValueError, match=r"since\['a'\] must be a batch count"):
+            server.batches_since({"a": bad})

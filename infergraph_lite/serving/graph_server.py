@@ -18,7 +18,7 @@ from infergraph_lite.core.execute import NodeError
 from infergraph_lite.core.graph import Countdown, InvalidNodeError
 from infergraph_lite.core.stage import Stage, batch_item, prepare_stages
 from infergraph_lite.serving.batcher import BatchError, DynamicBatcher, QueueFullError
-from infergraph_lite.serving.metrics import RequestRecord, StageTimes, stage_times
+from infergraph_lite.serving.metrics import BatchRecord, RequestRecord, StageTimes, stage_times
 from infergraph_lite.serving.stage_workers import StageWorkers
 
 __all__ = ["ENGINE", "WORKERS", "GraphRequestRecord", "GraphServer", "from_stage"]
@@ -238,24 +238,20 @@ class GraphServer:
         """How many batches each stage has run so far: a mark to give :meth:`work_per_request` as ``since``."""
         return {name: len(batcher.batches) for name, batcher in self.batchers.items()}
 
-    def work_per_request(self, since: Mapping[str, int] | None = None) -> dict[str, float]:
-        """Per stage, the CPU seconds its function used per request, over its batches since ``since``.
+    def batches_since(self, since: Mapping[str, int] | None = None) -> dict[str, list[BatchRecord]]:
+        """Per stage, the batches it has run since ``since`` (a :meth:`batch_marks`; default: every batch so far).
 
-        ``since`` is a :meth:`batch_marks` taken earlier, while no batch was running (batches are recorded in
-        the order they started, so with several replicas a mark taken mid-batch can misplace one); default: every
-        batch so far.  Each batch's ``work`` is timed where the function ran (this process's thread, or the worker
-        process).  Their sum over the stages is a request's work through the graph: with ``workers="threads"``
-        and stages whose work holds the interpreter lock (pure Python, not numpy or a sleep), one process serves
-        at most ``1 / sum`` requests per second.  A stage with no batch in the window is NaN.
+        Take the mark while no batch is running: batches are recorded in the order they started, so with several
+        replicas a mark taken mid-batch can misplace one.  A mark that names a stage this server does not have, or
+        a count the stage has not reached, is refused by name.
 
         >>> from infergraph_lite.core.stage import Stage
-        >>> stages = {"a": (Stage(fn=lambda xs: [sum(range(20_000)) for _ in xs]), ["request"])}
-        >>> with GraphServer(stages) as server:
+        >>> with GraphServer({"a": (Stage(fn=lambda xs: xs), ["request"])}) as server:
         ...     _ = server.submit({"request": 0}).result()
         ...     mark = server.batch_marks()
-        ...     _ = [f.result() for f in [server.submit({"request": i}) for i in range(4)]]
-        >>> mark, server.work_per_request(mark)["a"] > 0
-        ({'a': 1}, True)
+        ...     _ = server.submit({"request": 1}).result()
+        >>> [b.size for b in server.batches_since(mark)["a"]], len(server.batches_since()["a"])
+        ([1], 2)
         """
         since = since or {}
         unknown = sorted(set(since) - set(self.batchers))
@@ -266,9 +262,28 @@ class GraphServer:
             if not isinstance(mark, int) or not 0 <= mark <= ran:
                 raise ValueError(f"since[{name!r}] must be a batch count from 0 to the {ran} stage {name!r} has run, "
                                  f"got {mark!r}")
+        return {name: batcher.batches[since.get(name, 0):] for name, batcher in self.batchers.items()}
+
+    def work_per_request(self, since: Mapping[str, int] | None = None) -> dict[str, float]:
+        """Per stage, the CPU seconds its function used per request, over its batches since ``since``.
+
+        ``since`` is a :meth:`batch_marks` taken earlier, while no batch was running (see :meth:`batches_since`);
+        default: every batch so far.  Each batch's ``work`` is timed where the function ran (this process's thread,
+        or the worker process).  Their sum over the stages is a request's work through the graph: with
+        ``workers="threads"`` and stages whose work holds the interpreter lock (pure Python, not numpy or a sleep),
+        one process serves at most ``1 / sum`` requests per second.  A stage with no batch in the window is NaN.
+
+        >>> from infergraph_lite.core.stage import Stage
+        >>> stages = {"a": (Stage(fn=lambda xs: [sum(range(20_000)) for _ in xs]), ["request"])}
+        >>> with GraphServer(stages) as server:
+        ...     _ = server.submit({"request": 0}).result()
+        ...     mark = server.batch_marks()
+        ...     _ = [f.result() for f in [server.submit({"request": i}) for i in range(4)]]
+        >>> mark, server.work_per_request(mark)["a"] > 0
+        ({'a': 1}, True)
+        """
         work = {}
-        for name, batcher in self.batchers.items():
-            batches = batcher.batches[since.get(name, 0):]
+        for name, batches in self.batches_since(since).items():
             served = sum(b.size for b in batches)
             work[name] = sum(b.work for b in batches) / served if served else math.nan
         return work
