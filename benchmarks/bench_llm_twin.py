@@ -47,13 +47,18 @@ take the request: HTTP, JSON, tokenizing, the slot).  "decode / profile": every 
 requests really had (median).  At one slot, with both, the same replay with the profile's steps scaled to the run's
 level ("at run's steps": the prompt tokens' part of a step at the prefill level, the rest at the decode level) says
 how much of a miss is the machine's speed moving rather than the model; at 8 slots it is not replayed (a few lone
-prefills per run, and the sequences would still sit in slots at random).  "slot runs": the runs of
-neighbouring slots the decoding requests held, measured against the random placement the twin charges (llama.cpp
-places a request by what each slot last held), and the median ratio of the model's step at the run's slots to its
-step at random placement.  A profile that ``profile.problems`` names as a misfit (its ``c`` more than 25 % from its
-lone prefills' slope, ``e`` at 0 beside multi-pass steps, or a sample more than 20 % off) is taken again; if all
-``PROFILES`` are, the one with the fewest problems is used and every ratio on that server prints "unconfirmed (no
-profile passed profile.problems)", met or not.
+prefills per run).  At 8 slots the twin places the requests in slots as llama.cpp does (``slot_placement="prefix"``:
+the idle slot whose cached prompt shares most of the new one, these prompts being prefixes of one text), and
+charges each step the micro-batches of the slots that decode in it; so that it knows what each slot holds, every
+8-slot run starts with one request of the shortest prompt in each slot, all at once, then ``WAKE_PAUSE`` s idle.
+"same slot as the server": the share of requests the twin put in the slot llama.cpp chose (at random: 1/8);
+the "at random slots" ratios are the same replay without placement, charging the runs expected at random
+(``expected_runs``), as the twin did before it placed slots.  "slot runs": the runs of neighbouring slots the
+decoding requests held on the server, against that random expectation, and the median ratio of the model's step
+at the run's slots to its step at random placement.  A profile that ``profile.problems`` names as a misfit (its
+``c`` more than 25 % from its lone prefills' slope, ``e`` at 0 beside multi-pass steps, or a sample more than 20 %
+off) is taken again; if all ``PROFILES`` are, the one with the fewest problems is used and every ratio on that
+server prints "unconfirmed (no profile passed profile.problems)", met or not.
 
 Servers listen on 127.0.0.1 only and are stopped by their own PIDs; the script checks that none is left.
 
