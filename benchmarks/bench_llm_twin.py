@@ -186,8 +186,8 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     queued = np.array([any(d.sent_at < c.sent_at < d.done_at for d in done[:i]) for i, c in enumerate(done)])
     # The run's own step level, from the server's timings and the streams.  At one slot every step holds one request,
     # so the same replay with the profile's steps scaled to it says how much of a miss is the machine's speed moving.
-    # At 8 slots it is not replayed: the lone prefills are few (2-10 per run) and the replay would still place
-    # sequences at random: in one run it read e2e 0.78-1.50 and TTFT 0.83-2.82 there, explaining nothing.
+    # At 8 slots it is not replayed: the lone prefills are few (2-10 per run) to set a level by; in one run (before the
+    # twin placed slots) it read e2e 0.78-1.50 and TTFT 0.83-2.82 there, explaining nothing.
     steps = decode_steps(done, profile)
     prefill, lone = prefill_level(done, queued, profile)
     level = {"prefill": prefill, "lone": lone, "decode": steps["level"]}
@@ -256,9 +256,9 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     slack, held a prefill too, and is left out.  ``level``: the median of gap / the model's step for what it held,
     the micro-batches counted from the slots the requests really had (``slot_runs``); above 1, the machine ran
     slower than when profiled.  ``placement``: the median of the model's step at those slots over its step at
-    random placement (what the twin charges). ``runs`` / ``random_runs``: mean micro-batches where two or more
-    decoded, measured and at random (``expected_runs``), and ``steps`` how many such (request, gap) pairs there
-    were: each step counts once per request in it, on both sides alike.
+    random placement (what the twin charged before it placed slots).  ``runs`` / ``random_runs``: mean
+    micro-batches where two or more decoded, measured and at random (``expected_runs``), and ``steps`` how many such
+    (request, gap) pairs there were: each step counts once per request in it, on both sides alike.
     """
     m = profile.model
     absolute = [c.sent_at + c.token_times for c in done]

@@ -437,8 +437,9 @@ def test_slot_runs_and_their_expectation_over_random_placements():
 
 def test_the_simulators_slot_placement_picks_the_slots_the_real_server_picks(model):
     # A fresh 4-slot server: lone requests, then three at once, then lone requests again, with prompts that are
-    # prefixes of one text.  simulate_llm(slot_placement="prefix") must put every request where llama.cpp did
-    # (tests/test_simulate_llm.py holds the same sequence without a server).
+    # prefixes of one text.  simulate_llm(slot_placement="prefix") must put every lone request where llama.cpp did,
+    # and the three sent at once in the same three slots (which of them took which is the order they reached the
+    # server in); tests/test_simulate_llm.py holds the same sequence without a server.
     from infergraph_lite import simulate_llm
 
     first, together, again = [16, 20, 16, 28, 24], [24, 24, 24], [16, 20, 24, 28, 12]

@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from infergraph_lite import LLMResult, simulate_llm
+from infergraph_lite.frameworks.llamacpp_profile import slot_runs
 from infergraph_lite.simulation.llm_theory import (
     continuous_gain,
     expected_max_length,
@@ -534,7 +535,7 @@ def test_prefix_placement_picks_the_slots_llama_cpp_picked_on_a_fresh_server():
     arrivals = _alone(first) + [5.0] * 3 + [6.0 + k for k in range(len(again))]
     r = simulate_llm(n_requests=len(prompts), prompt_tokens=prompts, output_tokens=4, step_time=0.01,
                      max_num_seqs=4, arrivals=arrivals, slot_placement="prefix")
-    # Only the first slot ever holds a prompt, so every lone request finds it; of three together the first
+    # Only slot 3 ever holds a prompt, so every lone request finds it; of three together the first
     # takes it and the others the never-used slots, highest first; then each takes the lowest-numbered slot whose
     # prompt covers most of its own (12 and 16: any slot holding 16 or more, so the lowest).
     lone, together, lone_again = [3, 3, 3, 3, 3], [3, 2, 1], [1, 2, 3, 3, 1]
@@ -549,14 +550,29 @@ def test_prefix_placement_falls_back_to_lru_below_the_similarity_threshold():
     assert simulate_llm(**kw, slot_prompt_similarity=0.2).slot.tolist() == [0]
 
 
-def _slot_runs(slots):
-    s = sorted(slots)
-    return sum(1 for k, x in enumerate(s) if k == 0 or x != s[k - 1] + 1)
+def test_lru_ranks_slots_released_at_one_step_by_slot_number_and_never_used_ones_highest_first():
+    # Four requests at once fill the four slots (highest first: never used) and all finish at the same step; llama.cpp
+    # releases them in slot order, so slot 0 was released first and is the least recently used.
+    r = simulate_llm(n_requests=6, prompt_tokens=16, output_tokens=4, step_time=0.01, max_num_seqs=4,
+                     arrivals=[0.0] * 4 + [1.0, 2.0], slot_placement="lru")
+    assert r.slot.tolist() == [3, 2, 1, 0, 0, 1]
 
 
+def test_the_similarity_threshold_is_strict_and_zero_turns_the_prefix_search_off():
+    # Slot 0 holds 4 tokens of a 16-token prompt: a similarity of exactly 0.25.  llama.cpp takes a slot only above
+    # the threshold, and with a threshold of 0 skips the prefix search (pure LRU: the never-used slot 1).
+    kw = dict(n_requests=1, prompt_tokens=16, output_tokens=2, step_time=0.01, max_num_seqs=2,
+              slot_placement="prefix", slot_prompts=[4, 0])
+    assert simulate_llm(**kw, slot_prompt_similarity=0.25).slot.tolist() == [1]
+    assert simulate_llm(**kw, slot_prompt_similarity=0.24).slot.tolist() == [0]
+    assert simulate_llm(**kw, slot_prompt_similarity=0).slot.tolist() == [1]
+
+
+@pytest.mark.parametrize("mode", [{}, {"prefill_first": True}, {"scheduling": "static"},
+                                  {"max_num_batched_tokens": 24}])
 @pytest.mark.parametrize("placement", ["lru", "prefix"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_each_step_is_charged_the_micro_batches_of_the_slots_that_decode_in_it(placement, seed):
+def test_each_step_is_charged_the_micro_batches_of_the_slots_that_decode_in_it(placement, seed, mode):
     # Record what step_time was told, then rebuild it from the result: a request decodes in every step that ends
     # after its first token and no later than its last; the step's passes are the runs of those requests' slots,
     # plus one for a prefill beside them.
@@ -569,32 +585,51 @@ def test_each_step_is_charged_the_micro_batches_of_the_slots_that_decode_in_it(p
         return 0.01 + 0.002 * decode + 1e-4 * prefill + 0.003 * extra
 
     r = simulate_llm(n_requests=n, prompt_tokens=rng.integers(8, 40, n), output_tokens=rng.integers(1, 30, n),
-                     step_time=step, max_num_seqs=slots, arrival_rate=30, seed=seed, slot_placement=placement)
+                     step_time=step, max_num_seqs=slots, arrival_rate=30, seed=seed, slot_placement=placement, **mode)
     told = told[1:]                                       # the argument check's probe call
     assert len(told) == r.steps
     for k, end in enumerate(r.steps_end):
         decoding = np.flatnonzero((r.first_token < end - 1e-12) & (r.finish >= end - 1e-12))
+        if r.steps_decode_seqs[k] == 0:
+            decoding = decoding[:0]                       # a prefill-first step: the decoding sequences wait
         assert len(decoding) == r.steps_decode_seqs[k] == told[k][1]
         taken = r.slot[decoding].tolist()
         assert len(set(taken)) == len(taken), f"step {k}: two sequences in one slot"
-        expected = max(0, _slot_runs(taken) + (r.steps_prefill_tokens[k] > 0) - 1)
+        expected = max(0, slot_runs(taken) + (r.steps_prefill_tokens[k] > 0) - 1)
         assert told[k][2] == expected, f"step {k}: slots {sorted(taken)}"
     assert np.array_equal(r.output_tokens, r.output_tokens.clip(min=1))
 
 
-def test_placement_survives_preemption_and_every_request_gets_its_tokens():
+def test_under_preemption_every_running_sequence_holds_one_slot_of_its_own_and_gets_its_tokens():
+    # The engine itself, checked after every step: the busy slots are exactly the running sequences', one each,
+    # and the decoding slots exactly the decoding sequences'.
+    from infergraph_lite.simulation import llm_scheduler
+
     rng = np.random.default_rng(5)
     n = 80
-    output = rng.integers(1, 60, n)
-    r = simulate_llm(n_requests=n, prompt_tokens=rng.integers(8, 40, n), output_tokens=output,
-                     step_time=lambda p, d, kv, extra: 0.01 + 0.003 * extra, max_num_seqs=8, arrival_rate=50,
-                     kv_cache_tokens=512, block_size=16, slot_placement="prefix")
-    assert r.preemptions > 0
-    assert r.output_tokens.tolist() == output.tolist()
-    assert set(r.slot.tolist()) <= set(range(8))
+    prompt, output = rng.integers(8, 40, n).tolist(), rng.integers(1, 60, n).tolist()
+    arrival = np.cumsum(rng.exponential(1 / 50, n)).tolist()
+    engine = llm_scheduler.LLMEngine(prompt, output, arrival, max_num_seqs=8, num_blocks=32, block_size=16,
+                                     placement="prefix")
+    checked = []
+
+    def step(p, d, kv, extra):
+        running = list(engine.running)
+        busy = [s for s, b in enumerate(engine.slot_busy) if b]
+        assert sorted(engine.slot[i] for i in running) == busy
+        decoding = sorted(engine.slot[i] for i, is_decoding in engine.running.items() if is_decoding)
+        assert decoding == [s for s, b in enumerate(engine.slot_decoding) if b]
+        assert extra == max(0, (slot_runs(decoding) if engine.decode_step else 0) + (p > 0) - 1)
+        checked.append(extra)
+        return 0.01 + 0.003 * extra
+
+    engine.run(step)
+    assert engine.preemptions > 0 and len(checked) == len(engine.runs)
+    assert engine.generated == output
+    assert not any(engine.slot_busy)
 
 
-def test_without_placement_a_fitted_model_charges_random_slots_and_with_it_the_real_ones():
+def test_a_fitted_model_charges_random_slots_without_placement_and_fewer_passes_for_neighbours_with_it():
     from infergraph_lite.frameworks.llamacpp_profile import StepTimeModel
 
     model = StepTimeModel(a=0.004, b=0.001, c=2e-4, e=0.004, slots=8)
@@ -612,6 +647,9 @@ def test_without_placement_a_fitted_model_charges_random_slots_and_with_it_the_r
     (dict(slot_placement="prefix", slot_prompts=[16, 16]), "slot_prompts"),
     (dict(slot_placement="prefix", slot_prompts=[16, -1, 0, 0]), "slot_prompts"),
     (dict(slot_prompts=[16, 16, 16, 16]), "slot_prompts needs slot_placement"),
+    (dict(slot_prompt_similarity=0.5), "slot_prompt_similarity needs slot_placement"),
+    (dict(slot_placement="lru", step_time=lambda p, d, kv, extra: 0.01, slot_prompt_similarity=True),
+     "slot_prompt_similarity"),
     (dict(slot_placement="lru", step_time=lambda p, d, kv: 0.01), "fourth argument, extra_batches"),
 ])
 def test_bad_slot_placement_arguments_are_named(kwargs, named):

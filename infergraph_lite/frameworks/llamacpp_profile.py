@@ -28,8 +28,9 @@ decode_seqs, kv_tokens)`` for each.  :func:`profile_step_time` measures that on 
 by least squares (numpy only; a coefficient the data would make negative is held at 0), ``extra_batches`` being
 the micro-batches a step ran beyond its first (read from the slots the server says each request ran in), and
 returns a :class:`StepTimeModel`, a callable the simulator takes as it is, carrying the two overheads
-(``simulate_llm`` reads them from it).  The simulator does not place sequences in slots, so the model charges the
-micro-batches expected when the decoding sequences sit in ``slots`` slots at random (:func:`expected_runs`).
+(``simulate_llm`` reads them from it).  Called with what a step holds and nothing more, the model charges the
+micro-batches expected when the decoding sequences sit in ``slots`` slots at random (:func:`expected_runs`);
+``simulate_llm(slot_placement=...)`` places them as llama.cpp does and passes the step's own count instead.
 """
 
 from __future__ import annotations
@@ -114,9 +115,10 @@ class StepTimeModel:
     ``e``: llama.cpp with a KV cache per slot (``kv_unified = false``, the server's default here) cuts a step into
     micro-batches that take the same number of tokens from every sequence and hold only sequences in consecutive
     slots, so a prefill beside decodes is a pass of its own, and so is every run of neighbouring slots that
-    decode.  Where the sequences sit is the server's choice, not the simulator's: with ``slots`` set, a step's
-    ``decode_seqs`` are taken to sit in that many slots at random (:func:`expected_runs`); with ``slots=None``, in
-    one pass (then ``extra_batches`` is 1 for a step holding a prefill and decodes, else 0; see
+    decode.  Where the sequences sit is the server's choice: told the step's ``extra_batches`` (as
+    ``simulate_llm(slot_placement=...)`` counts them from the slots it placed) the model charges those; else, with
+    ``slots`` set, a step's ``decode_seqs`` are taken to sit in that many slots at random (:func:`expected_runs`);
+    with ``slots=None``, in one pass (then ``extra_batches`` is 1 for a step holding a prefill and decodes, else 0; see
     :meth:`extra_batches`).  ``rmse`` is the fit's root-mean-square error over the samples it was
     fitted to (seconds), and
     ``worst_relative_error`` its largest |predicted - measured| / measured there.  ``request_overhead`` and

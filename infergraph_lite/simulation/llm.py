@@ -13,6 +13,7 @@ Knob names beside ours: vLLM ``max_num_seqs``, ``max_num_batched_tokens``, ``blo
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -129,7 +130,7 @@ def simulate_llm(
     wake: float | None = None,
     idle_after: float | None = None,
     slot_placement: str | None = None,
-    slot_prompt_similarity: float = 0.1,
+    slot_prompt_similarity: float | None = None,
     slot_prompts: Sequence[int] | None = None,
 ) -> LLMResult:
     """Simulate an LLM engine serving ``n_requests`` requests, step by step.
@@ -173,7 +174,8 @@ def simulate_llm(
     llama.cpp's server's rule: ``"lru"``, the least recently used idle slot; ``"prefix"``, for prompts that are
     prefixes of one text (as :func:`~infergraph_lite.frameworks.llamacpp_model.prompt_of` makes them), the idle
     slot whose cached prompt shares the longest prefix with the new one if that is over ``slot_prompt_similarity``
-    of it (llama.cpp's ``--slot-prompt-similarity``), else the least recently used.  ``slot_prompts``: the prompt
+    of it (llama.cpp's ``--slot-prompt-similarity``; None: its default, 0.1; 0: no prefix search), else the least
+    recently used.  ``slot_prompts``: the prompt
     length each slot holds at the start (0: empty; default all empty, a fresh server).  Then ``step_time`` is
     called with a fourth argument, ``extra_batches``: the step's micro-batches beyond the first (a
     :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` takes it), and ``result.slot`` says where
@@ -231,7 +233,7 @@ def simulate_llm(
     check_fraction("warmup", warmup, allow_zero=True)
     seed = check_non_negative_int("seed", seed)
     times = _arrivals(arrival_rate, arrivals, n, seed)
-    cached = _placement(slot_placement, slot_prompt_similarity, slot_prompts, max_num_seqs)
+    similarity, cached = _placement(slot_placement, slot_prompt_similarity, slot_prompts, max_num_seqs)
     step = _step_time(step_time, placed=slot_placement is not None)
     before = _overhead("request_overhead", request_overhead, step_time)
     after = _overhead("response_overhead", response_overhead, step_time)
@@ -275,7 +277,7 @@ def simulate_llm(
                        max_num_batched_tokens=budget, num_blocks=num_blocks, block_size=block_size,
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
                        prefill_first=bool(prefill_first), static=scheduling == "static", wake=wake_s,
-                       idle_after=idle_s, placement=slot_placement, slot_prompt_similarity=slot_prompt_similarity,
+                       idle_after=idle_s, placement=slot_placement, slot_prompt_similarity=similarity,
                        slot_prompts=cached)
     engine.run(step, None if callable(step_time) else float(step_time))
     return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
@@ -339,29 +341,34 @@ def _step_time(step_time: StepTime, placed: bool = False) -> Callable[..., float
     # Fail before anything runs if step_time cannot be called as documented (with slots placed: four arguments).
     if callable(step_time):
         args = (1, 1, 2, 1) if placed else (1, 0, 1)
-        try:
-            probe = step_time(*args)
-        except TypeError as error:
-            if not placed:
-                raise
-            raise ValueError("step_time must take a fourth argument, extra_batches (the step's micro-batches beyond "
-                             f"its first), when slot_placement is set: {error}") from None
+        if placed:
+            try:
+                inspect.signature(step_time).bind(*args)
+            except TypeError as error:
+                raise ValueError("step_time must take a fourth argument, extra_batches (the step's micro-batches "
+                                 f"beyond its first), when slot_placement is set: {error}") from None
+            except ValueError:
+                pass                          # no signature to read (a builtin): the call below will say
+        probe = step_time(*args)
         check_number(f"step_time{args}".replace(",)", ")"), probe)
         return step_time
     seconds = check_number("step_time", step_time)
     return lambda prefill, decode, kv, *extra: seconds
 
 
-def _placement(placement: str | None, similarity: float, slot_prompts: Sequence[int] | None,
-               slots: int) -> list[int] | None:
-    # Check the slot-placement arguments; returns each slot's cached prompt length at the start.
+def _placement(placement: str | None, similarity: float | None, slot_prompts: Sequence[int] | None,
+               slots: int) -> tuple[float, list[int] | None]:
+    # Check the slot-placement arguments; returns the similarity threshold and each slot's cached prompt length.
     if placement is None:
-        if slot_prompts is not None:
-            raise ValueError("slot_prompts needs slot_placement ('lru' or 'prefix'): without it no slot is placed")
-        return None
+        for name, value in (("slot_prompts", slot_prompts), ("slot_prompt_similarity", similarity)):
+            if value is not None:
+                raise ValueError(f"{name} needs slot_placement ('lru' or 'prefix'): without it no slot is placed")
+        return 0.1, None
     if placement not in ("lru", "prefix"):
         raise ValueError(f"slot_placement must be None, 'lru' or 'prefix', got {placement!r}")
-    if not (isinstance(similarity, (int, float)) and 0 <= similarity < 1):
+    if similarity is None:
+        similarity = 0.1                     # llama.cpp's default --slot-prompt-similarity
+    if isinstance(similarity, bool) or not (isinstance(similarity, (int, float)) and 0 <= similarity < 1):
         raise ValueError(f"slot_prompt_similarity must be a fraction in [0, 1), got {similarity!r}")
     cached = [0] * slots
     if slot_prompts is not None:
@@ -369,7 +376,7 @@ def _placement(placement: str | None, similarity: float, slot_prompts: Sequence[
         if len(cached) != slots or not all(isinstance(c, (int, np.integer)) and c >= 0 for c in cached):
             raise ValueError(f"slot_prompts must hold one whole number >= 0 per slot (max_num_seqs = {slots}), "
                              f"got {slot_prompts!r}")
-    return [int(c) for c in cached]
+    return float(similarity), [int(c) for c in cached]
 
 
 def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int,

@@ -120,7 +120,9 @@ class LLMEngine:
         self.slot_busy = [False] * max_num_seqs
         self.slot_decoding = [False] * max_num_seqs
         self.slot_cached = list(slot_prompts) if slot_prompts is not None else [0] * max_num_seqs
-        self.slot_used = [-math.inf] * max_num_seqs    # when each slot was last released (-inf: never)
+        # When each slot was last released, as (time, slot): llama.cpp releases the slots a step finishes in slot
+        # order, each at its own clock reading, so of two released at one step the lower was released first.
+        self.slot_used: list[tuple[float, int]] = [(-math.inf, 0)] * max_num_seqs     # never released: all tie
         self.now = 0.0
         self.wake, self.idle_after = wake, idle_after
         self.wakes = 0                        # steps that paid ``wake`` (they found the engine idle)
@@ -176,11 +178,12 @@ class LLMEngine:
         ``"prefix"``: of the idle slots holding a cached prompt, the one sharing the longest prefix with request
         ``i``'s (prompts of one text share ``min`` of their lengths), if that is over ``slot_prompt_similarity`` of
         the new prompt; ties go to the lowest-numbered.  Otherwise (and always for ``"lru"``) the least recently
-        released; among slots released equally long ago (never, at the start) the highest-numbered, as llama.cpp's
-        ``t_last_used <= t_last`` comparison picks.
+        released (of slots released at the same step, the lowest-numbered: llama.cpp releases them in slot order);
+        among slots never released, the highest-numbered, as llama.cpp's ``t_last_used <= t_last`` comparison picks.
+        A ``slot_prompt_similarity`` of 0 turns the prefix search off, as in llama.cpp.
         """
         idle = [s for s, busy in enumerate(self.slot_busy) if not busy]
-        if self.placement == "prefix":
+        if self.placement == "prefix" and self.slot_prompt_similarity:
             length, best, pick = self.prompt[i], 0.0, -1
             for s in idle:
                 similarity = min(length, self.slot_cached[s]) / length
@@ -208,12 +211,12 @@ class LLMEngine:
             s = self.slot[i] = self.choose_slot(i)
             self.slot_busy[s] = True
 
-    def _free_slot(self, i: int, cached: int) -> None:
+    def _free_slot(self, i: int, cached: int, now: float) -> None:
         if self.placement is not None:
             s = self.slot[i]
             self.slot_busy[s] = self.slot_decoding[s] = False
             self.slot_cached[s] = cached
-            self.slot_used[s] = self.now
+            self.slot_used[s] = (now, s)
 
     def decode_blocks_needed(self) -> int:
         # A decoding sequence writes one token a step; it needs a block when its cache is a whole number of blocks.
@@ -289,7 +292,7 @@ class LLMEngine:
         self.kv_tokens -= comp
         self.computed[i] = 0
         self.held[i] = 0
-        self._free_slot(i, 0)                  # its cache is dropped
+        self._free_slot(i, 0, self.now)        # its cache is dropped
         self.waiting.appendleft(i)
         self.preemptions += 1
 
@@ -461,7 +464,7 @@ class LLMEngine:
 
     def _release(self, i: int, comp: int, now: float) -> None:
         self.running.pop(i, None)
-        self._free_slot(i, self.prompt[i])     # the slot keeps the prompt (and answer) in its cache
+        self._free_slot(i, self.prompt[i], now)    # the slot keeps the prompt (and answer) in its cache
         held = self.reserve[i] if self.reserve is not None else -(-comp // self.block_size)
         self.free_blocks += held
         self.allocated_blocks -= held
