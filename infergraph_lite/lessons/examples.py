@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from infergraph_lite.core.arguments import check_non_negative_int
+from infergraph_lite.core.arguments import check_count, check_non_negative_int, check_number
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.lessons.models import HashingEmbedder, SoftmaxRegression, load_texts, tokenize, train_text_models
 
@@ -31,6 +31,7 @@ __all__ = [
     "listing_graph",
     "listing_image",
     "python_work",
+    "rounds_for",
     "text_pipeline",
     "text_pipeline_stages",
     "trained_text_models",
@@ -257,6 +258,27 @@ def python_work(items: list[int], rounds: int) -> list[int]:
             h = (h * 1103515245 + 12345) & 0xFFFFFFFF  # the C library's rand() step, in Python integers
         answers.append(h)
     return answers
+
+
+def rounds_for(seconds: float, *, probe: int = 20_000, repeats: int = 5) -> int:
+    """How many :func:`python_work` rounds make about ``seconds`` of work per item on this machine.
+
+    A round is a fixed amount of arithmetic, so its time is the machine's: the same rounds took four times longer
+    on one of this project's hosts than on another.  A lesson that needs a stage of about a millisecond, whatever
+    the machine, asks for ``rounds_for(0.001)``.  ``probe`` rounds are timed ``repeats`` times and the fastest is
+    scaled (a busy moment only slows a timing, so the fastest is the machine's own speed).
+
+    >>> rounds_for(0.001) > 100
+    True
+    """
+    seconds = check_number("seconds", seconds)
+    probe, repeats = check_count("probe", probe), check_count("repeats", repeats)
+    fastest = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        python_work([1], probe)
+        fastest = min(fastest, time.perf_counter() - started)
+    return max(1, round(probe * seconds / fastest))
 
 
 def cpu_bound_stages(
