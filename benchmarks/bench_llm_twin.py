@@ -259,15 +259,16 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     random placement (what the twin charged before it placed slots).  ``runs`` / ``random_runs``: mean
     micro-batches where two or more decoded, measured and at random (``expected_runs``), and ``steps`` how many such
     (request, gap) pairs there were: each step counts once per request in it, on both sides alike.
+    ``decode_total`` and ``mixed_total``: the gaps' sum over the model's, for decode-only gaps and for gaps that held
+    another request's prefill (charged the prompt tokens and one more pass), ``mixed_n`` how many of the latter,
+    ``mixed_share`` their part of all gaps' time: what a request's mean TPOT is made of.
     """
     m = profile.model
     absolute = [c.sent_at + c.token_times for c in done]
-    firsts = np.sort([float(t[0]) for t in absolute])
     level, placement, runs, random = [], [], [], []
+    gaps: dict[str, list[tuple[float, float]]] = {"decode": [], "mixed": []}    # (measured, the model's) seconds
     for times in absolute:
         for before, t in zip(times[:-1].tolist(), times[1:].tolist(), strict=True):
-            if np.searchsorted(firsts, t + JITTER, "right") > np.searchsorted(firsts, before - JITTER, "right"):
-                continue            # someone's prefill ended in this step: not a decode step alone
             held = [(d, np.searchsorted(absolute[j], t - JITTER, "left")) for j, d in enumerate(done)
                     if absolute[j][0] < t - JITTER and absolute[j][-1] >= t - JITTER]
             k = len(held)
@@ -275,7 +276,14 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
             slots = [d.slot for d, _ in held]
             if min(slots) < 0:
                 continue
+            joined = [d.prompt_tokens for d, a in zip(done, absolute, strict=True)
+                      if before - JITTER < float(a[0]) <= t + JITTER]
+            if joined:              # someone's prefill ended in this step: a mixed step, charged a pass more
+                p = sum(joined)
+                gaps["mixed"].append((t - before, m.step_seconds(p, k, kv + p, extra_batches=slot_runs(slots))))
+                continue
             actual = m.step_seconds(0, k, kv, extra_batches=slot_runs(slots) - 1)
+            gaps["decode"].append((t - before, actual))
             level.append((t - before) / actual)
             placement.append(actual / profile(0, k, kv))
             if k >= 2:
@@ -285,8 +293,14 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     def summary(values: list[float], of: Any) -> float:
         return float(of(values)) if values else float("nan")
 
+    def total_ratio(pairs: list[tuple[float, float]]) -> float:
+        return float(sum(g for g, _ in pairs) / sum(c for _, c in pairs)) if pairs else float("nan")
+
     return {"level": summary(level, np.median), "placement": summary(placement, np.median),
-            "runs": summary(runs, np.mean), "random_runs": summary(random, np.mean), "steps": len(runs)}
+            "runs": summary(runs, np.mean), "random_runs": summary(random, np.mean), "steps": len(runs),
+            "decode_total": total_ratio(gaps["decode"]), "mixed_total": total_ratio(gaps["mixed"]),
+            "mixed_n": len(gaps["mixed"]), "mixed_share": (sum(g for g, _ in gaps["mixed"])
+                                                           / max(1e-12, sum(g for p in gaps.values() for g, _ in p)))}
 
 
 def runs_cell(steps: dict[str, float]) -> str:
@@ -367,7 +381,7 @@ def main() -> None:
               "e2e ratio at run's steps", "TTFT ratio at run's steps",
               "slot runs: run / random (request-steps); step at run's slots / random",
               "same slot as the server", "e2e ratio at random slots", "TTFT ratio at random slots",
-              "TPOT ratio at random slots"]
+              "TPOT ratio at random slots", "gaps / model: decode-only, mixed (n, share of gap time)"]
     verdicts: list[list[Any]] = []
     for slots, f, got in results:
         real, twin = got["real"], got["twin"]
@@ -386,7 +400,8 @@ def main() -> None:
                      runs_cell(got["placement"]),
                      "-" if math.isnan(got["same_slot"]) else f"{got['same_slot']:.0%}",
                      *((real[k] / got["at_random"][k] for k in ("e2e", "ttft", "tpot")) if got["at_random"]
-                       else ("-", "-", "-"))])
+                       else ("-", "-", "-")),
+                     "{decode_total:.3f}, {mixed_total:.3f} ({mixed_n}, {mixed_share:.0%})".format(**got["placement"])])
         for key, name in (("e2e", "mean e2e"), ("ttft", "mean TTFT"), ("tok_s", "throughput")):
             verdicts.append([f"{slots} slot(s), load {f}: {name} real / sim", ratio[key], f"within {TARGET:.0%}",
                              verdict(ratio[key], got["busy_share"], misfit.get(slots, ""))])

@@ -187,6 +187,21 @@ def test_per_hop_fit_recovers_a_known_slope_and_refuses_one_length():
         per_hop_cost({2: [0.1, 0.2]})
 
 
+def test_the_median_hop_fit_ignores_a_few_stalls_that_swing_the_mean_fit():
+    # A hop of 50 us, and sixteen 2 ms stalls among the longer chain's 200 requests: the mean fit puts the hop
+    # over 40 % too high, the median fit does not move, and its bootstrap interval holds the true hop.
+    rng = np.random.default_rng(4)
+    clean = {h: 0.0002 + 0.00005 * h + rng.normal(0, 1e-5, 200) for h in (1, 6)}
+    stalled = {1: clean[1], 6: np.r_[clean[6][:184], [0.002] * 16]}
+    mean, median = per_hop_cost(stalled), per_hop_cost(stalled, center="median")
+    assert mean.per_hop > 1.4 * 0.00005
+    assert median.per_hop == pytest.approx(0.00005, rel=0.05) and median.center == "median"
+    assert median.interval[0] < 0.00005 < median.interval[1] and median.n == 400
+    assert per_hop_cost(stalled, center="median") == median            # seeded: the same interval again
+    with pytest.raises(ValueError, match="center must be 'mean' or 'median', got 'mode'"):
+        per_hop_cost(clean, center="mode")
+
+
 def test_noop_chain_serves_its_input_unchanged():
     stages = noop_chain_stages(4)
     with GraphServer(stages) as server:

@@ -260,7 +260,7 @@ def python_work(items: list[int], rounds: int) -> list[int]:
     return answers
 
 
-def rounds_for(seconds: float, *, probe: int = 20_000, repeats: int = 5) -> int:
+def rounds_for(seconds: float, *, probe: int = 100_000, repeats: int = 5) -> int:
     """How many :func:`python_work` rounds make about ``seconds`` of work per item on this machine.
 
     A round is a fixed amount of arithmetic, so its time is the machine's: the same rounds took four times longer
