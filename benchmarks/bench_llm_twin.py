@@ -251,9 +251,10 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     """The run's decode steps, read from the streams, against the profile; and the slots they ran in.
 
     Every gap between two tokens of a request is one step of the requests then between their first and last token
-    (each holding its prompt and the tokens it had so far; ``JITTER`` seconds of slack either side, as each stream
-    delivers the step's tokens a little apart); a gap in which another request got its first token, give or take that
-    slack, held a prefill too, and is left out.  ``level``: the median of gap / the model's step for what it held,
+    (each holding its prompt and the tokens it had so far; ``JITTER`` seconds of slack either side, or a quarter of
+    the model's lone decode step if that is less, as each stream delivers the step's tokens a little apart); a gap
+    in which another request got its first token, give or take that slack, held a prefill too: a mixed step, left
+    out of ``level``.  ``level``: the median of gap / the model's step for what it held,
     the micro-batches counted from the slots the requests really had (``slot_runs``); above 1, the machine ran
     slower than when profiled.  ``placement``: the median of the model's step at those slots over its step at
     random placement (what the twin charged before it placed slots).  ``runs`` / ``random_runs``: mean
@@ -265,19 +266,21 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     """
     m = profile.model
     absolute = [c.sent_at + c.token_times for c in done]
+    # The streams' slack, but never more than a quarter of a lone decode step: on a fast host a step is ~1 ms.
+    jitter = min(JITTER, 0.25 * m.step_seconds(0, 1, 32, 0))
     level, placement, runs, random = [], [], [], []
     gaps: dict[str, list[tuple[float, float]]] = {"decode": [], "mixed": []}    # (measured, the model's) seconds
     for times in absolute:
         for before, t in zip(times[:-1].tolist(), times[1:].tolist(), strict=True):
-            held = [(d, np.searchsorted(absolute[j], t - JITTER, "left")) for j, d in enumerate(done)
-                    if absolute[j][0] < t - JITTER and absolute[j][-1] >= t - JITTER]
+            held = [(d, np.searchsorted(absolute[j], t - jitter, "left")) for j, d in enumerate(done)
+                    if absolute[j][0] < t - jitter and absolute[j][-1] >= t - jitter]
             k = len(held)
             kv = float(sum(d.prompt_tokens + n for d, n in held))
             slots = [d.slot for d, _ in held]
-            if min(slots) < 0:
+            if not held or min(slots) < 0:
                 continue
             joined = [d.prompt_tokens for d, a in zip(done, absolute, strict=True)
-                      if before - JITTER < float(a[0]) <= t + JITTER]
+                      if before - jitter < float(a[0]) <= t + jitter]
             if joined:              # someone's prefill ended in this step: a mixed step, charged a pass more
                 p = sum(joined)
                 gaps["mixed"].append((t - before, m.step_seconds(p, k, kv + p, extra_batches=slot_runs(slots))))
