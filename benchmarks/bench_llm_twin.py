@@ -270,7 +270,7 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     jitter = min(JITTER, 0.25 * m.step_seconds(0, 1, 32, 0))
     level, placement, runs, random = [], [], [], []
     gaps: dict[str, list[tuple[float, float]]] = {"decode": [], "mixed": []}    # (measured, the model's) seconds
-    for times in absolute:
+    for own, times in enumerate(absolute):
         for before, t in zip(times[:-1].tolist(), times[1:].tolist(), strict=True):
             held = [(d, np.searchsorted(absolute[j], t - jitter, "left")) for j, d in enumerate(done)
                     if absolute[j][0] < t - jitter and absolute[j][-1] >= t - jitter]
@@ -279,8 +279,9 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
             slots = [d.slot for d, _ in held]
             if not held or min(slots) < 0:
                 continue
-            joined = [d.prompt_tokens for d, a in zip(done, absolute, strict=True)
-                      if before - jitter < float(a[0]) <= t + jitter]
+            # Another request's first token at the end of this step (not at its start, which ended the step before).
+            joined = [d.prompt_tokens for j, (d, a) in enumerate(zip(done, absolute, strict=True))
+                      if j != own and before + jitter < float(a[0]) <= t + jitter]
             if joined:              # someone's prefill ended in this step: a mixed step, charged a pass more
                 p = sum(joined)
                 gaps["mixed"].append((t - before, m.step_seconds(p, k, kv + p, extra_batches=slot_runs(slots))))

@@ -290,7 +290,8 @@ def cpu_bound_stages(
     """A chain of pure-Python CPU-bound stages (:func:`python_work`), for threads against processes.
 
     ``rounds`` maps each stage, in chain order, to its work per item (default two equal stages,
-    ``{"parse": 5_000, "score": 5_000}``, about a millisecond per item each on a laptop core); the first reads
+    ``{"parse": 5_000, "score": 5_000}``: from about a quarter of a millisecond to over a millisecond per item, by
+    host; :func:`rounds_for` sizes a stage in seconds instead); the first reads
     ``inputs``, each next one the previous.  Each ``fn`` is a ``functools.partial`` of a module-level
     function, so it pickles by name and runs in a worker process (``GraphServer(workers="processes")``).
     ``options`` sets a stage's knobs as in :func:`text_pipeline_stages`.
