@@ -268,7 +268,7 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     absolute = [c.sent_at + c.token_times for c in done]
     # The streams' slack, but never more than a quarter of a lone decode step: on a fast host a step is ~1 ms.
     jitter = min(JITTER, 0.25 * m.step_seconds(0, 1, 32, 0))
-    level, placement, runs, random = [], [], [], []
+    placement, runs, random = [], [], []
     gaps: dict[str, list[tuple[float, float]]] = {"decode": [], "mixed": []}    # (measured, the model's) seconds
     for own, times in enumerate(absolute):
         for before, t in zip(times[:-1].tolist(), times[1:].tolist(), strict=True):
@@ -288,7 +288,6 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
                 continue
             actual = m.step_seconds(0, k, kv, extra_batches=slot_runs(slots) - 1)
             gaps["decode"].append((t - before, actual))
-            level.append((t - before) / actual)
             placement.append(actual / profile(0, k, kv))
             if k >= 2:
                 runs.append(slot_runs(slots))
@@ -300,6 +299,7 @@ def decode_steps(done: list[Completion], profile: StepTimeProfile) -> dict[str, 
     def total_ratio(pairs: list[tuple[float, float]]) -> float:
         return float(sum(g for g, _ in pairs) / sum(c for _, c in pairs)) if pairs else float("nan")
 
+    level = [gap / model for gap, model in gaps["decode"]]
     return {"level": summary(level, np.median), "placement": summary(placement, np.median),
             "runs": summary(runs, np.mean), "random_runs": summary(random, np.mean), "steps": len(runs),
             "decode_total": total_ratio(gaps["decode"]), "mixed_total": total_ratio(gaps["mixed"]),
