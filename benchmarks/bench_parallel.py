@@ -9,8 +9,9 @@ parallel run with one BLAS thread per worker >= 1.6x faster than the sequential 
 thread, and >= 1.2x faster than the sequential run with BLAS's default threads.  (With the default,
 each worker's BLAS call starts threads of its own: workers x BLAS threads > cores, oversubscription.)
 The configurations take turns, round after round, and each is reported by its median, so a
-disturbance from the rest of the machine hits all of them alike.  The bound max(critical path,
-total work / cores) is printed beside them.
+disturbance from the rest of the machine hits all of them alike; each run starts once the previous run's
+BLAS threads have stopped spinning (``wait_until_idle``), so every configuration starts on free cores.
+The bound max(critical path, total work / cores) is printed beside them.
 
 Also the scheduling overhead per node, from a wide graph of no-op nodes.
 
@@ -37,6 +38,7 @@ from infergraph_lite import (
     run_plan,
     run_plan_parallel,
 )
+from infergraph_lite.lessons.idle_threads import wait_until_idle
 
 
 def layered(width: int, depth: int, work) -> dict:
@@ -100,6 +102,9 @@ def main() -> None:
         run(*config)  # warm-up
     for _ in range(9):
         for label, config in configs.items():
+            # A BLAS thread spins about 0.1 s after each product: without this wait the run after a
+            # default-threads run finds a core taken and looks slower than it is.
+            wait_until_idle()
             started = time.perf_counter()
             run(*config)
             samples[label].append(time.perf_counter() - started)

@@ -1,0 +1,57 @@
+"""What a process's own background threads burn while its code waits, and a wait until they stop (notebook 03).
+
+BLAS libraries do not put their threads to sleep the moment a matrix product ends: they spin, waiting for the
+next one, for a while (OpenBLAS about 2^28 cycles, a tenth of a second; Intel's OpenMP runtime 200 ms).  A
+spinning thread holds a core.  A measurement that starts right after a multi-threaded product therefore runs
+on fewer free cores than it seems to: two worker threads timed just after a product with BLAS's default threads
+share one core with the spinner.  :func:`spinning_cpu_seconds` measures that spin, :func:`wait_until_idle`
+waits it out, so each configuration of a comparison starts on the same free cores.
+
+Used by notebook 03 (section 7) and ``benchmarks/bench_parallel.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def spinning_cpu_seconds(after: float = 0.3) -> float:
+    """CPU seconds this process burns while its calling thread sleeps ``after`` seconds.
+
+    Call it right after the work whose background threads you suspect: a thread that only sleeps burns
+    nothing, so what is measured is other threads of this process still running.
+
+    >>> import numpy as np
+    >>> from threadpoolctl import threadpool_limits
+    >>> with threadpool_limits(limits=1, user_api="blas"):
+    ...     _ = np.ones((64, 64)) @ np.ones((64, 64))
+    ...     burned = spinning_cpu_seconds(after=0.05)
+    >>> burned < 0.04  # one BLAS thread: the product ran in the calling thread, nothing is left running
+    True
+    """
+    if after <= 0:
+        raise ValueError(f"after must be positive seconds, got {after!r}")
+    started = time.process_time()
+    time.sleep(after)
+    return time.process_time() - started
+
+
+def wait_until_idle(*, quiet: float = 0.05, slice_seconds: float = 0.02, timeout: float = 2.0) -> float:
+    """Sleep until this process's other threads use under ``quiet`` of a core for one ``slice_seconds``.
+
+    Returns the seconds waited.  Gives up after ``timeout`` seconds (a thread that never stops, a server's
+    poller say, must not hang a measurement) and returns what it waited.
+
+    >>> waited = wait_until_idle()  # nothing of this process is running: the first slice is quiet
+    >>> 0.0 < waited < 2.0
+    True
+    """
+    for name, value in {"quiet": quiet, "slice_seconds": slice_seconds, "timeout": timeout}.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    started = time.perf_counter()
+    while True:
+        burned = spinning_cpu_seconds(slice_seconds)
+        waited = time.perf_counter() - started
+        if burned < quiet * slice_seconds or waited >= timeout:
+            return waited
