@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -23,8 +25,14 @@ def spin_in_background(seconds: float) -> threading.Thread:
     return thread
 
 
-def test_a_spinning_thread_is_counted_while_the_caller_sleeps_and_nothing_is_counted_without_one():
-    assert spinning_cpu_seconds(after=0.1) < 0.03
+def test_a_sleeping_caller_alone_burns_nothing():
+    # In a fresh interpreter: this test process may hold other tests' threads (a BLAS pool still spinning).
+    code = "from infergraph_lite.lessons.idle_threads import spinning_cpu_seconds; print(spinning_cpu_seconds(0.2))"
+    burned = float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    assert 0 <= burned < 0.02
+
+
+def test_a_spinning_thread_is_counted_while_the_caller_sleeps():
     spinner = spin_in_background(0.3)
     burned = spinning_cpu_seconds(after=0.15)
     spinner.join()

@@ -21,12 +21,14 @@ def spinning_cpu_seconds(after: float = 0.3) -> float:
     Call it right after the work whose background threads you suspect: a thread that only sleeps burns
     nothing, so what is measured is other threads of this process still running.
 
-    >>> import numpy as np
-    >>> from threadpoolctl import threadpool_limits
-    >>> with threadpool_limits(limits=1, user_api="blas"):
-    ...     _ = np.ones((64, 64)) @ np.ones((64, 64))
-    ...     burned = spinning_cpu_seconds(after=0.05)
-    >>> burned < 0.04  # one BLAS thread: the product ran in the calling thread, nothing is left running
+    >>> import threading
+    >>> until = time.perf_counter() + 0.2
+    >>> def spin():  # what an idle BLAS thread does: burn a core, waiting for work
+    ...     while time.perf_counter() < until:
+    ...         pass
+    >>> spinner = threading.Thread(target=spin)
+    >>> spinner.start(); burned = spinning_cpu_seconds(after=0.1); spinner.join()
+    >>> burned > 0.03  # the spinner ran, on a core or a share of one, while the caller slept
     True
     """
     if after <= 0:
@@ -42,8 +44,14 @@ def wait_until_idle(*, quiet: float = 0.05, slice_seconds: float = 0.02, timeout
     Returns the seconds waited.  Gives up after ``timeout`` seconds (a thread that never stops, a server's
     poller say, must not hang a measurement) and returns what it waited.
 
-    >>> waited = wait_until_idle()  # nothing of this process is running: the first slice is quiet
-    >>> 0.0 < waited < 2.0
+    >>> import threading
+    >>> until = time.perf_counter() + 0.15
+    >>> def spin():
+    ...     while time.perf_counter() < until:
+    ...         pass
+    >>> busy = threading.Thread(target=spin)
+    >>> busy.start(); waited = wait_until_idle(); busy.join()
+    >>> waited > 0.1  # it waited for the busy thread to finish
     True
     """
     for name, value in {"quiet": quiet, "slice_seconds": slice_seconds, "timeout": timeout}.items():
