@@ -50,6 +50,7 @@ used more than 0.15 of a core is reported as unconfirmed, not as a miss.
 
     python benchmarks/bench_graph_server.py      (or: make bench)
     python benchmarks/bench_graph_server.py --processes-only
+    python benchmarks/bench_graph_server.py --processes-only --spacing=0.002   (calibrate 2 ms apart instead)
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def build_twin(stages: dict, documents: list[str]) -> tuple[dict, dict[str, int]
 CPU_OPTIONS = {"parse": {"max_batch_size": 4}, "score": {"max_batch_size": 4}}
 CPU_LOADS = [0.2, 0.45, 0.65]
 CPU_REQUESTS, SATURATION_REQUESTS = 300, 300
-SPACING = 0.02  # seconds between calibration requests: each finds the server idle
+# Seconds between calibration requests: 20 ms apart, each finds the server idle.  --spacing=S for another regime.
+SPACING = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--spacing=")), 0.02)
 CORES = os.cpu_count() or 1
 QUIET = 0.15  # cores the rest of the machine may use during a load run for it to count as quiet
 
