@@ -23,7 +23,8 @@ behind their median); every batch also occupies its worker for the round trip's 
 and for the turnaround (answering the batch: ``released - end``); the parent's hand-off beyond the turnaround is
 a delay per stage entered (``HopCalibration.occupying``, ``hop_delay=hops.handoff``).  Trip, turnaround and
 hand-off come from 150 lone requests 20 ms apart before the load runs (``calibrate_hops(..., work_from="records",
-spacing=0.02)``); no latency of a load run enters the twin.  Spaced, each calibration request finds the server
+spacing=0.02)``; ``--spacing=S`` for another spacing); no latency of a load run enters the twin.  Spaced, each
+calibration request finds the server
 idle, as most requests do at light load; back to back (closed loop) they are faster, and the difference (what an
 idle gap costs) is printed.  Latencies on both sides are the server's own (submitted
 until the last stage finished); the load generator's lateness (the client's latency less the server's) is
@@ -127,8 +128,23 @@ def build_twin(stages: dict, documents: list[str]) -> tuple[dict, dict[str, int]
 CPU_OPTIONS = {"parse": {"max_batch_size": 4}, "score": {"max_batch_size": 4}}
 CPU_LOADS = [0.2, 0.45, 0.65]
 CPU_REQUESTS, SATURATION_REQUESTS = 300, 300
-# Seconds between calibration requests: 20 ms apart, each finds the server idle.  --spacing=S for another regime.
-SPACING = next((float(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--spacing=")), 0.02)
+
+
+def spacing_argument(argv: list[str], default: float = 0.02) -> float:
+    """``--spacing=S``: seconds between calibration requests (20 ms apart, each finds the server idle)."""
+    for arg in argv:
+        if arg == "--spacing" or arg.startswith("--spacing="):
+            try:
+                value = float(arg.partition("=")[2])
+            except ValueError:
+                raise SystemExit(f"--spacing needs a number of seconds, as --spacing=0.002; got {arg!r}") from None
+            if not value > 0:
+                raise SystemExit(f"--spacing must be positive seconds, got {arg!r}")
+            return value
+    return default
+
+
+SPACING = spacing_argument(sys.argv[1:])
 CORES = os.cpu_count() or 1
 QUIET = 0.15  # cores the rest of the machine may use during a load run for it to count as quiet
 
@@ -250,7 +266,7 @@ def threads_vs_processes() -> None:
           f"saturated throughput measured just before them: {' '.join(f'{r:.0f}' for r in rates)} req/s")
     print(f"  back to back instead (closed loop): median {warm.lone_latency * 1e3:.3f} ms, "
           f"work {warm.twin_latency * 1e3:.3f} ms, hop {warm.per_hop * 1e3:.3f} ms per stage (spaced: "
-          f"{hops.per_hop * 1e3:.3f}); what an idle gap costs a request: "
+          f"{hops.per_hop * 1e3:.3f}); what the spacing costs a request over back to back: "
           f"{(hops.lone_latency - warm.lone_latency) * 1e3:.2f} ms")
     table(f"GraphServer(workers='processes') vs its calibrated twin (recorded work + round trips + turnaround + "
           f"hand-off) and the recorded twin (each batch's wall time and turnaround as the run recorded them), "

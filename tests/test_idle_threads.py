@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -28,7 +29,10 @@ def spin_in_background(seconds: float) -> threading.Thread:
 def test_a_sleeping_caller_alone_burns_nothing():
     # In a fresh interpreter: this test process may hold other tests' threads (a BLAS pool still spinning).
     code = "from infergraph_lite.lessons.idle_threads import spinning_cpu_seconds; print(spinning_cpu_seconds(0.2))"
-    burned = float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
+    # One BLAS thread: a new OpenBLAS pool thread spins a while after it starts, even before any product.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    burned = float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                  env=env).stdout)
     assert 0 <= burned < 0.02
 
 

@@ -1,10 +1,11 @@
 """What a process's own background threads burn while its code waits, and a wait until they stop (notebook 03).
 
 BLAS libraries do not put their threads to sleep the moment a matrix product ends: they spin, waiting for the
-next one, for a while (OpenBLAS about 2^28 cycles, a tenth of a second; Intel's OpenMP runtime 200 ms).  A
-spinning thread holds a core.  A measurement that starts right after a multi-threaded product therefore runs
-on fewer free cores than it seems to: two worker threads timed just after a product with BLAS's default threads
-share one core with the spinner.  :func:`spinning_cpu_seconds` measures that spin, :func:`wait_until_idle`
+next one, for a while (OpenBLAS 2^28 cycles by default, about a tenth of a second, set by
+``OPENBLAS_THREAD_TIMEOUT``; Intel's OpenMP runtime 200 ms, ``KMP_BLOCKTIME``).  A spinning thread stays
+runnable and competes for a core.  A measurement that starts right after a multi-threaded product may therefore
+run on fewer free cores than it seems to: two worker threads timed just after a product with BLAS's default
+threads compete with the spinner.  :func:`spinning_cpu_seconds` measures that spin, :func:`wait_until_idle`
 waits it out, so each configuration of a comparison starts on the same free cores.
 
 Used by notebook 03 (section 7) and ``benchmarks/bench_parallel.py``.
@@ -31,7 +32,7 @@ def spinning_cpu_seconds(after: float = 0.3) -> float:
     >>> burned > 0.03  # the spinner ran, on a core or a share of one, while the caller slept
     True
     """
-    if after <= 0:
+    if not after > 0:  # also refuses NaN
         raise ValueError(f"after must be positive seconds, got {after!r}")
     started = time.process_time()
     time.sleep(after)
