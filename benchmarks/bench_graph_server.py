@@ -12,7 +12,8 @@ recorded.  The process's share of a core (a busy-loop probe) is printed first: o
 explains most of a gap.
 
 Then threads against processes (issue 16) on a pure-Python CPU-bound chain of two equal stages
-(``cpu_bound_stages``), as notebook 06 section 7 runs it.  Every batch records ``work``, the CPU seconds its
+(``cpu_bound_stages``, about a millisecond of work per item and stage on the machine that runs it:
+``rounds_for(0.001)``), as notebook 06 section 7 runs it.  Every batch records ``work``, the CPU seconds its
 function used where it ran (the batcher's thread, or the worker process), and ``released``, when its worker was
 free again after answering its requests.
 
@@ -67,7 +68,7 @@ import numpy as np
 from _timing import machine, table, verdict
 
 from infergraph_lite.core.stage import prepare_stages
-from infergraph_lite.lessons.examples import cpu_bound_stages, text_pipeline_stages, trained_text_models
+from infergraph_lite.lessons.examples import cpu_bound_stages, rounds_for, text_pipeline_stages, trained_text_models
 from infergraph_lite.lessons.models import load_texts
 from infergraph_lite.lessons.twins import calibrate_hops, recorded_turnaround, recorded_twin, service_table
 from infergraph_lite.serving.graph_server import GraphServer
@@ -157,7 +158,9 @@ def span(values: list[float]) -> str:
 def threads_vs_processes() -> None:
     """Issue 16 section 1: the interpreter lock bounds thread mode; process mode against its calibrated twin."""
     load_before, cores = os.getloadavg()[0], cores_available(2, seconds=0.5)
-    stages = cpu_bound_stages(options=CPU_OPTIONS)
+    # Sized in time: with less work per batch the pipes' fixed cost takes more of the second core (notebook 06)
+    rounds = rounds_for(0.001)
+    stages = cpu_bound_stages({"parse": rounds, "score": rounds}, options=CPU_OPTIONS)
     twin = {}
     for name, (stage, deps) in stages.items():
         profile = profile_service_time(stage.fn, lambda b: list(range(b)), [1, 2, 4], repeats=15,
@@ -253,7 +256,7 @@ def threads_vs_processes() -> None:
     print(f"\nload average {load_before:.1f} before, {load_after:.1f} after; two busy processes got "
           f"{cores:.2f} cores before, {cores_after:.2f} after")
     works = ", ".join(f"{n} {w * 1e3:.2f} ms" for n, w in work.items())
-    print(f"profile (each stage on a core of its own): work per request {works}; "
+    print(f"profile (each stage on a core of its own, {rounds} rounds per item): work per request {works}; "
           f"capacity {work_capacity:.0f} req/s; one-process bound 1 / sum = {one_process:.0f} req/s; the work per "
           "request measured in the bursts: " + ", ".join(f"{mode} " + " ".join(f"{w * 1e3:.2f}" for w in ws) + " ms"
                                                  for mode, ws in burst_work.items()))
