@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -29,6 +30,24 @@ def accelerator_stages() -> dict:
         stages[name] = (dataclasses.replace(stage, fn=on_accelerator(stage.fn), max_batch_size=16, max_wait=0.0),
                         deps)
     return stages
+
+
+def write_cpu_bound_factory(repository: Path, rounds: int) -> str:
+    """Write into ``repository`` a factory of the CPU-bound chain at ``rounds`` per item; return its spec.
+
+    Triton's stubs rebuild a graph by calling a factory with no arguments, so the rounds this run sized on its
+    machine (``rounds_for``) are written into the factory's source; ``cpu_bound_stages()``'s default would be
+    other work than the other engines serve.  A plain file at the repository's top, where Triton looks for
+    models only in folders.
+    """
+    rounds = int(rounds)
+    repository.mkdir(parents=True, exist_ok=True)
+    (repository / "_factory_cpu_bound.py").write_text(
+        "# Written by benchmarks/_graphs.py: the CPU-bound chain at the rounds bench_frameworks sized on its machine.\n"
+        "from infergraph_lite.lessons.examples import cpu_bound_stages\n\n\n"
+        "def stages():\n"
+        f"    return cpu_bound_stages({{'parse': {rounds}, 'score': {rounds}}})\n", encoding="utf-8")
+    return "file:_factory_cpu_bound.py:stages"
 
 
 # One zero-argument factory per chain length, for Triton's stubs: each is copied into the repository as source,

@@ -6,7 +6,12 @@ Two graphs, said plainly:
   accelerator-like (each call waits 12 ms + 0.2 ms per item, as a GPU launch would, batching up to 16 without
   waiting).  Its stages sleep or call numpy, which release the interpreter lock, so one process serves it well.
 - *CPU-bound pure Python*: ``cpu_bound_stages()``, two stages of pure-Python arithmetic that hold the lock the
-  whole time, so threads of one process take turns and processes run at once (notebook 06 section 7).
+  whole time, so threads of one process take turns and processes run at once (notebook 06 section 7).  Each
+  stage is sized to about 2 ms per item on the machine that runs it (``rounds_for``, as notebook 07 does): fixed
+  rounds took four times longer on one host than on another, which moves the graph's capacity, and with it the
+  share of each batch that is fixed hand-off cost, from regime to regime.  Every engine serves the same rounds:
+  Triton's stubs rebuild the graph from a factory written with them, and before any load Triton's answer to
+  one request is checked against this process's.
 
 The procedure is :mod:`infergraph_lite.serving.benchmark`'s: per rate a warm-up, then three repetitions of
 ``DURATION`` seconds of seeded Poisson arrivals (at least ``MIN_REQUESTS``), the rate actually sent measured,
@@ -51,11 +56,12 @@ from typing import Any
 
 import numpy as np
 import psutil
-from _graphs import CHAIN_FACTORIES, accelerator_stages
+from _graphs import CHAIN_FACTORIES, accelerator_stages, write_cpu_bound_factory
 from _timing import machine, table, verdict
 
 from infergraph_lite.frameworks.triton import TritonServer, to_model_repository, triton_available
-from infergraph_lite.lessons.examples import cpu_bound_stages
+from infergraph_lite.frameworks.triton.runner import run_stages_once
+from infergraph_lite.lessons.examples import cpu_bound_stages, rounds_for
 from infergraph_lite.serving.benchmark import (
     ROW_HEADER,
     Capacity,
@@ -83,6 +89,7 @@ HOP_REQUESTS, HOP_WARMUP = (60, 10) if QUICK else (200, 20)
 ENGINES = ["GraphServer threads", "GraphServer processes", "Triton", "Ray Serve"]
 BASE = ENGINES[0]
 CPU_OPTIONS = {"parse": {"max_batch_size": 4}, "score": {"max_batch_size": 4}}  # as notebook 06 and bench_graph_server
+CPU_SECONDS_PER_ITEM = 0.002  # each CPU-bound stage's work per item, as notebook 07's engine comparison sizes it
 TEXTS = ["the match was great", "awful hotel, never again", "my new laptop is fast", "the pasta was cold"]
 
 
@@ -91,7 +98,7 @@ class Graph:
     label: str
     stages: dict
     inputs: tuple[str, ...]
-    factory: Any
+    factory: Callable[[Path], Any]  # given Triton's repository folder: what its stubs rebuild the graph with
     example: dict
     make_item: Callable[[int], dict]
     outputs: list[str] | None = None
@@ -99,12 +106,16 @@ class Graph:
     #                                     do not pickle (closures); None: its fns pickle as they are
 
 
-GRAPHS = [
-    Graph("text pipeline (sleep/numpy)", accelerator_stages(), ("text",), accelerator_stages, {"text": TEXTS[0]},
-          lambda i: {"text": f"{TEXTS[i % 4]} ({i})"}, ["format", "topic", "sentiment"], "_graphs:accelerator_stages"),
-    Graph("CPU-bound pure Python", cpu_bound_stages(options=CPU_OPTIONS), ("request",),
-          "infergraph_lite.lessons.examples:cpu_bound_stages", {"request": 1}, lambda i: {"request": i}),
-]
+def make_graphs(cpu_rounds: int) -> list[Graph]:
+    """The two graphs every engine serves; the CPU-bound one at ``cpu_rounds`` rounds per item and stage."""
+    rounds = {"parse": cpu_rounds, "score": cpu_rounds}
+    return [
+        Graph("text pipeline (sleep/numpy)", accelerator_stages(), ("text",), lambda folder: accelerator_stages,
+              {"text": TEXTS[0]}, lambda i: {"text": f"{TEXTS[i % 4]} ({i})"}, ["format", "topic", "sentiment"],
+              "_graphs:accelerator_stages"),
+        Graph("CPU-bound pure Python", cpu_bound_stages(rounds, options=CPU_OPTIONS), ("request",),
+              lambda folder: write_cpu_bound_factory(folder, cpu_rounds), {"request": 1}, lambda i: {"request": i}),
+    ]
 
 
 @dataclass
@@ -136,10 +147,12 @@ def serve(engine: str, graph: Graph, left: list[int]) -> Iterator[Served]:
             yield Served(server, own, lambda: batch_counts(server), started_in=time.perf_counter() - t)
     elif engine == "Triton":
         with tempfile.TemporaryDirectory(prefix="bench-frameworks-") as workdir:
-            repo = to_model_repository(graph.stages, Path(workdir) / "models", factory=graph.factory,
+            folder = Path(workdir) / "models"
+            repo = to_model_repository(graph.stages, folder, factory=graph.factory(folder),
                                        example=graph.example, outputs=graph.outputs)
             with TritonServer(repo) as triton, triton.client() as client:
                 pids = [p.pid for p in triton.processes()]
+                check_same_answer(graph, client.infer(graph.example))
 
                 def latency() -> tuple[int, float]:
                     s = client.statistics()[repo.ensemble]
@@ -178,7 +191,7 @@ def measure_engine(engine: str, graph: Graph, served: Served, seed: int) -> Run:
 
 def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any]) -> tuple[np.ndarray, float]:
     """One request at a time on a chain of ``hops`` no-op stages: latencies, and Triton's own mean (else nan)."""
-    chain = Graph(f"{hops} no-op hops", noop_chain_stages(hops), ("request",), CHAIN_FACTORIES[hops],
+    chain = Graph(f"{hops} no-op hops", noop_chain_stages(hops), ("request",), lambda folder: CHAIN_FACTORIES[hops],
                   {"request": "ping"}, lambda i: {"request": f"ping {i}"})
     with serve(engine, chain, left) as served:
         listeners.extend(served.listeners)
@@ -193,6 +206,16 @@ def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any])
     return report.latencies, inside
 
 
+def check_same_answer(graph: Graph, answer: dict[str, Any]) -> None:
+    """Raise unless an engine's answer to the graph's example is the in-process graph's (the same work served)."""
+    expected = run_stages_once(graph.stages, graph.example)
+    names = graph.outputs or [n for n in graph.stages if not any(n in deps for _, deps in graph.stages.values())]
+    wrong = {n: (answer.get(n), expected[n]) for n in names if str(answer.get(n)) != str(expected[n])}
+    if wrong:
+        raise RuntimeError(f"{graph.label}: the engine answers {graph.example} otherwise than the graph in this "
+                           f"process (output: (engine, here)): {wrong}")
+
+
 def judged(value: float, target: float, better: str) -> str:
     """verdict(), or 'unconfirmed' when the value could not be measured (an engine that did not start, a nan)."""
     return "unconfirmed" if not math.isfinite(value) else verdict(value, target, better)
@@ -205,6 +228,10 @@ def main() -> None:
         built, reference = factory(), noop_chain_stages(hops)
         assert {n: d for n, (_, d) in built.items()} == {n: d for n, (_, d) in reference.items()}, hops
     load_before = os.getloadavg()
+    cpu_rounds = rounds_for(CPU_SECONDS_PER_ITEM)
+    graphs = make_graphs(cpu_rounds)
+    print(f"info: CPU-bound stages: {cpu_rounds:,} rounds per item each (about {1e3 * CPU_SECONDS_PER_ITEM:g} ms "
+          "on this machine, by rounds_for)", flush=True)
     started = time.perf_counter()
     left: list[int] = []
     listeners: list[Any] = []
@@ -212,8 +239,8 @@ def main() -> None:
     failures: dict[str, str] = {}  # what could not be measured, and why (a server that did not start on a busy box)
     starts: dict[tuple[str, str], float] = {}
     cores_free: list[float] = []  # what two busy processes get, probed around the CPU-bound graph's runs
-    for g, graph in enumerate(GRAPHS):
-        if graph is GRAPHS[1]:
+    for g, graph in enumerate(graphs):
+        if graph is graphs[1]:
             cores_free.append(cores_available(2))
         for engine in ENGINES:
             try:
@@ -226,7 +253,7 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001 - reported, and its verdicts marked unconfirmed
                 failures[f"{graph.label}, {engine}"] = f"{type(error).__name__}: {str(error)[:160]}"
                 print(f"info: {graph.label}, {engine}: NOT MEASURED: {failures[f'{graph.label}, {engine}']}")
-        if graph is GRAPHS[1]:
+        if graph is graphs[1]:
             cores_free.append(cores_available(2))
 
     hop_costs: dict[str, HopCost] = {}
@@ -246,7 +273,7 @@ def main() -> None:
         print(f"info: per-hop cost, {engine}: {hop_costs[engine]}", flush=True)
     load_after = os.getloadavg()
 
-    for graph in GRAPHS:
+    for graph in graphs:
         rows = [[run.engine, *run.capacity.results[rate].row()] for run in runs.values() if run.graph == graph.label
                 for rate in sorted(run.capacity.results)]
         table(f"{graph.label}: every rate the bracket and bisection measured (p99 target 100 ms; {machine()})",
@@ -279,7 +306,7 @@ def main() -> None:
           [[e, 1e3 * h.per_hop, f"{1e3 * h.interval[0]:.3g}-{1e3 * h.interval[1]:.3g}",
             h.per_hop / base_hop, 1e3 * h.base] for e, h in hop_costs.items()])
 
-    text, cpu = GRAPHS[0].label, GRAPHS[1].label
+    text, cpu = graphs[0].label, graphs[1].label
     cores = psutil.cpu_count() or 1
     ray_vs_ceiling: dict[str, float] = {}
     for graph_label in (text, cpu):
