@@ -45,6 +45,7 @@ from infergraph_lite.frameworks.triton import (
     triton_available,
 )
 from infergraph_lite.lessons.examples import BANANA_INPUTS, text_pipeline, text_pipeline_stages, trained_text_models
+from infergraph_lite.lessons.triton_twin import calibrate_triton_hops
 from infergraph_lite.serving.loadtest import run_closed_loop
 
 TEXT = {"text": "The pizza was excellent for lunch."}
@@ -428,6 +429,27 @@ def test_one_request_of_several_rows_is_one_request_and_one_batch_of_that_many(t
         text_client.infer_rows({"embed": vectors[0]}, model="topic")  # one row's dict, not a list of rows
     with pytest.raises(ValueError, match="rows must be a non-empty list"):
         text_client.infer_rows("the match was great", model="topic")  # a text is a sequence, not rows
+
+
+@needs_server
+def test_lone_requests_measure_each_steps_hand_off_above_its_batching_delay_and_the_grpc_trip(text_client):
+    hops = calibrate_triton_hops(text_client, "pipeline", text_stages(), lambda i: {"text": f"{TEXT['text']} {i}"},
+                                 n_requests=12, spacing=0.05)
+    assert sorted(hops.hop_delay) == sorted(text_stages())
+    assert all(hops.counters[name].requests == 12 for name in [*text_stages(), "pipeline"])
+    # embed's batcher waits its 2 ms max_queue_delay for a lone request; the hop is the queue time above it
+    assert hops.counters["embed"].mean_queue >= 0.002
+    assert hops.hop_delay["embed"] == pytest.approx(max(hops.counters["embed"].mean_queue - 0.002, 0.0))
+    assert hops.hop_delay["merge"] == hops.counters["merge"].mean_queue  # no batcher there: all of it is hand-off
+    assert all(0 <= d < 0.05 for d in hops.hop_delay.values())
+    assert 0 < hops.server_latency < hops.client_latency  # the gRPC trip is real time
+    with pytest.raises(ValueError, match="no model 'pipe'"):
+        calibrate_triton_hops(text_client, "pipe", text_stages(), lambda i: TEXT)
+    with pytest.raises(ValueError, match="not the models the requests went through"):
+        calibrate_triton_hops(text_client, "pipeline", {"embed": text_stages()["embed"]}, lambda i: TEXT,
+                              n_requests=3, spacing=0.05)
+    with pytest.raises(ValueError, match=r"spacing=0\.001 s is shorter than a lone request's mean latency"):
+        calibrate_triton_hops(text_client, "pipeline", text_stages(), lambda i: TEXT, n_requests=3, spacing=0.001)
 
 
 @needs_server
