@@ -49,7 +49,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,7 +152,7 @@ def serve(engine: str, graph: Graph, left: list[int]) -> Iterator[Served]:
                                        example=graph.example, outputs=graph.outputs)
             with TritonServer(repo) as triton, triton.client() as client:
                 pids = [p.pid for p in triton.processes()]
-                check_same_answer(graph, client.infer(graph.example))
+                check_same_answer(graph, list(repo.outputs), client.infer(graph.example))
 
                 def latency() -> tuple[int, float]:
                     s = client.statistics()[repo.ensemble]
@@ -206,10 +206,13 @@ def hop_latencies(engine: str, hops: int, left: list[int], listeners: list[Any])
     return report.latencies, inside
 
 
-def check_same_answer(graph: Graph, answer: dict[str, Any]) -> None:
-    """Raise unless an engine's answer to the graph's example is the in-process graph's (the same work served)."""
+def check_same_answer(graph: Graph, names: Sequence[str], answer: dict[str, Any]) -> None:
+    """Raise unless an engine's answer to the graph's example is the in-process graph's (the same work served).
+
+    ``names`` are the outputs the engine exposes (a Triton repository's ``outputs``: the nodes nobody reads when
+    the graph names none), so the check compares what the engine was asked to answer.
+    """
     expected = run_stages_once(graph.stages, graph.example)
-    names = graph.outputs or [n for n in graph.stages if not any(n in deps for _, deps in graph.stages.values())]
     wrong = {n: (answer.get(n), expected[n]) for n in names if str(answer.get(n)) != str(expected[n])}
     if wrong:
         raise RuntimeError(f"{graph.label}: the engine answers {graph.example} otherwise than the graph in this "
