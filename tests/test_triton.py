@@ -445,10 +445,13 @@ def test_lone_requests_measure_each_steps_hand_off_above_its_batching_delay_and_
     assert 0 < hops.server_latency < hops.client_latency  # the gRPC trip is real time
     with pytest.raises(ValueError, match="no model 'pipe'"):
         calibrate_triton_hops(text_client, "pipe", text_stages(), lambda i: TEXT)
-    with pytest.raises(ValueError, match="not the models the requests went through"):
+    with pytest.raises(ValueError, match="the requests also went through format, merge, sentiment, tokenize, topic"):
         calibrate_triton_hops(text_client, "pipeline", {"embed": text_stages()["embed"]}, lambda i: TEXT,
                               n_requests=3, spacing=0.05)
-    with pytest.raises(ValueError, match=r"spacing=0\.001 s is shorter than a lone request's mean latency"):
+    with pytest.raises(ValueError, match="no request reached rerank"):
+        calibrate_triton_hops(text_client, "pipeline", {**text_stages(), "rerank": text_stages()["embed"]},
+                              lambda i: TEXT, n_requests=3, spacing=0.05)
+    with pytest.raises(ValueError, match=r"spacing=0\.001 s is shorter than 3 of the 3 lone requests' latencies"):
         calibrate_triton_hops(text_client, "pipeline", text_stages(), lambda i: TEXT, n_requests=3, spacing=0.001)
 
 
