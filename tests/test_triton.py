@@ -434,7 +434,7 @@ def test_one_request_of_several_rows_is_one_request_and_one_batch_of_that_many(t
 @needs_server
 def test_lone_requests_measure_each_steps_hand_off_above_its_batching_delay_and_the_grpc_trip(text_client):
     hops = calibrate_triton_hops(text_client, "pipeline", text_stages(), lambda i: {"text": f"{TEXT['text']} {i}"},
-                                 n_requests=12, spacing=0.05)
+                                 n_requests=12, spacing=0.1)
     assert sorted(hops.hop_delay) == sorted(text_stages())
     assert all(hops.counters[name].requests == 12 for name in [*text_stages(), "pipeline"])
     # embed's batcher waits its 2 ms max_queue_delay for a lone request; the hop is the queue time above it

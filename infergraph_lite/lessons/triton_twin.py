@@ -99,13 +99,6 @@ def calibrate_triton_hops(client: Any, ensemble: str, stages: Mapping[str, tuple
     if report.failed or report.refused or answered != n_requests:
         raise RuntimeError(f"calibrate_triton_hops: {answered} of the {n_requests} lone requests were answered "
                            f"({report.failed} failed, {report.refused} refused); a calibration needs them all")
-    # a request slower than the spacing was still in flight when the next one came: the two shared the server
-    overlapped = int(np.sum(report.latencies >= spacing))
-    if overlapped > n_requests // 10:
-        raise ValueError(f"calibrate_triton_hops: spacing={spacing:g} s is shorter than {overlapped} of the "
-                         f"{n_requests} lone requests' latencies (mean {report.mean:.3g} s, longest "
-                         f"{float(np.max(report.latencies)):.3g} s), so they queued behind each other; give a longer "
-                         "spacing")
     members = {name: stats for name, stats in counters.items() if name != ensemble and stats.requests}
     if set(members) != set(stages):
         missing, extra = sorted(set(stages) - set(members)), sorted(set(members) - set(stages))
@@ -117,6 +110,13 @@ def calibrate_triton_hops(client: Any, ensemble: str, stages: Mapping[str, tuple
     if short or counters[ensemble].requests != n_requests:
         raise RuntimeError(f"calibrate_triton_hops: {', '.join(short) or ensemble} saw another number of requests "
                            f"than the {n_requests} sent: something else used the server during the calibration")
+    # a request slower than the spacing was still in flight when the next one came: the two shared the server
+    overlapped = int(np.sum(report.latencies >= spacing))
+    if overlapped > n_requests // 10:
+        raise ValueError(f"calibrate_triton_hops: spacing={spacing:g} s is shorter than {overlapped} of the "
+                         f"{n_requests} lone requests' latencies (mean {report.mean:.3g} s, longest "
+                         f"{float(np.max(report.latencies)):.3g} s), so they queued behind each other; give a longer "
+                         "spacing")
     # max_batch_size 1 writes no dynamic_batching block, so no max_queue_delay either
     waits = {name: stage.max_wait if stage.max_batch_size != 1 else 0.0 for name, (stage, _) in stages.items()}
     return TritonHops(float(report.mean), counters[ensemble].mean_latency,
