@@ -324,7 +324,7 @@ def main() -> None:
         print(f"\ninfo: Ray Serve on the {graph_label} at {ray.edge.result.rate:g} req/s: its processes used "
               f"{100 * ray.edge.share_engine:.0f} % of the {cores} cores and this process "
               f"{100 * ray.edge.share_here:.0f} %, the machine {100 * ray.edge.machine_busy:.0f} % busy in all; "
-              f"{ray.edge.cpu_ms_engine + ray.edge.cpu_ms_here:.1f} CPU ms per request (GraphServer threads: "
+              f"{ray.edge.cpu_ms_per_request:.1f} CPU ms per request (GraphServer threads: "
               f"{threads.edge.cpu_ms_here if threads else math.nan:.1f}); CPU ceiling {ray_ceiling:.0f} req/s "
               f"on the free cores; mean batch sizes {ray.edge.batches}")
         top = sorted(ray.edge.by_name.items(), key=lambda kv: -kv[1])[:6]

@@ -142,11 +142,16 @@ class Watched:
     batches: dict[str, float]
     by_name: dict[str, float]
 
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """CPU milliseconds per answered request, wherever they were spent: the engine's processes and this one."""
+        return self.cpu_ms_engine + self.cpu_ms_here
+
     def free_cores_ceiling(self) -> float:
         """Requests per second the measured CPU cost per request allows on the cores no other work was using."""
         cores = psutil.cpu_count() or 1
         free = cores * max(1 - self.machine_busy + self.share_engine + self.share_here, 0.0)
-        per_request = (self.cpu_ms_engine + self.cpu_ms_here) / 1e3
+        per_request = self.cpu_ms_per_request / 1e3
         return free / per_request if per_request > 0 else math.inf
 
 
@@ -169,8 +174,8 @@ def watch_rate(
     >>> with GraphServer(noop_chain_stages(2)) as server:
     ...     w = watch_rate(server, 100, lambda i: {"request": i}, [], counts=lambda: batch_counts(server),
     ...                    duration=0.1, min_requests=10)
-    >>> w.cpu_ms_engine, w.cpu_ms_here >= 0, sorted(w.batches)
-    (0.0, True, ['hop1', 'hop2'])
+    >>> w.cpu_ms_engine, w.cpu_ms_here >= 0, w.cpu_ms_per_request == w.cpu_ms_here, sorted(w.batches)
+    (0.0, True, True, ['hop1', 'hop2'])
     """
     here = os.getpid()
     others = [p for p in pids if p != here]
