@@ -13,6 +13,7 @@ import numpy as np
 from infergraph_lite.core.arguments import check_number
 from infergraph_lite.core.metrics import PerRequestTimes, busy_fraction
 from infergraph_lite.core.stage import Exponential, prepare_stages, service_time_fn
+from infergraph_lite.simulation.cores import check_cores, entry_costs, serve_on_cores
 from infergraph_lite.simulation.queue import (
     REFUSED,
     SERVED,
@@ -102,6 +103,8 @@ def simulate_graph(
     allow_unstable: bool = False,
     queue_timeouts: Mapping[str, float] | None = None,
     hop_delay: float | Mapping[str, float] = 0.0,
+    cores: float | None = None,
+    hop_work: float | Mapping[str, float] = 0.0,
 ) -> GraphResult:
     """Simulate a graph of :class:`~infergraph_lite.core.stage.Stage` s under Poisson (or given) arrivals.
 
@@ -146,6 +149,20 @@ def simulate_graph(
     the wake-up, pickling and pipe of a real server's hop (measured from lone requests; notebook 06,
     section 7).  On a stage's :class:`StageStats`, ``arrival`` is then when the request reached its queue.
 
+    ``cores=C`` models the other machine instead: **the stages share C cores**.  Every stage's queue, its
+    replicas and the hand-offs then advance in one event loop
+    (:func:`~infergraph_lite.simulation.cores.serve_on_cores`), and whatever runs shares the cores by
+    processor sharing: with n jobs running on C < n cores, each progresses at C / n seconds of its service
+    time per second.  A batch's service time is then the CPU time it
+    needs.  ``hop_work`` (seconds, or ``{stage: seconds}``) is CPU work of the serving process on every entry
+    into a stage, done by one thread, one hand-off at a time in order (one interpreter lock), on the same
+    cores: where ``hop_delay`` is a pure delay, ``hop_work`` is a delay that queues and takes a core (it may be
+    given without ``cores``: the thread alone then serialises).  While no more jobs run than there are cores
+    the result is exactly the stage-by-stage one.  Load shedding (``max_queue_size``, ``queue_timeouts``) is not
+    modelled on shared cores and is refused, naming the stage; so is a load the cores cannot carry (the sum
+    of every stage's work per request at its best batch, and the hand-offs' work, against ``cores``) unless
+    ``allow_unstable=True``.
+
     Two exponential stages in tandem at 60 % and 30 % load: by Jackson's
     theorem the mean latency is 1/(1 - 0.6) + 0.5/(1 - 0.3) = 3.21 ms; a hop
     delay of 0.25 ms on each stage entry adds exactly 2 * 0.25 ms to it.
@@ -159,6 +176,14 @@ def simulate_graph(
     >>> hopped = simulate_graph(tandem, arrival_rate=0.6, n_requests=200_000, hop_delay=0.25)
     >>> round(hopped.mean_latency - r.mean_latency, 6)
     0.5
+
+    Two replicas of an exponential stage (mean 1) at 0.6 requests per unit time are M/M/2, each on a core of
+    its own (mean latency 1.10); on one shared core two busy replicas each run at half speed, so the stage
+    serves at rate 1 whenever it holds a request: M/M/1, mean 1 / (1 - 0.6) = 2.5.  On two cores nothing changes:
+
+    >>> pair = {"a": (Stage(service_time=Exponential(1.0), replicas=2), ["request"])}
+    >>> [round(simulate_graph(pair, 0.6, 100_000, cores=c).mean_latency, 1) for c in (None, 1, 2)]
+    [1.1, 2.5, 1.1]
     """
     plan = prepare_stages(stages, inputs, need="service_time")
     check_warmup(warmup)
@@ -167,7 +192,17 @@ def simulate_graph(
         if name not in plan.nodes:
             raise ValueError(f"queue_timeouts names {name!r}, which is not a stage (stages: {', '.join(plan.order)})")
         check_number(f"queue_timeouts[{name!r}]", value, positive=False)
-    hops = _hop_delays(hop_delay, plan.order)
+    hops = entry_costs("hop_delay", hop_delay, plan.order)
+    works = entry_costs("hop_work", hop_work, plan.order)
+    shared = cores is not None or any(works.values())
+    if cores is not None:
+        cores = check_cores(cores)
+    if shared:
+        shedding = [name for name in plan.order if plan.nodes[name][0].max_queue_size is not None
+                    or name in queue_timeouts]
+        if shedding:
+            raise ValueError(f"stage {shedding[0]!r} sheds load (max_queue_size or queue_timeouts), which is not "
+                             "modelled with cores= or hop_work=: drop one or the other")
     times, rate = arrival_times(arrival_rate, n_requests, seed, arrivals)
 
     capacities = {name: plan.nodes[name][0].capacity() for name in plan.order}
@@ -184,10 +219,16 @@ def simulate_graph(
             "Add replicas or batching to that stage, lower the rate, or pass allow_unstable=True."
         )
 
+    if shared and not allow_unstable:
+        _check_shared_load(plan, rate, capacities, works, cores)
+
     n = len(times)
     position = {name: k for k, name in enumerate(plan.nodes)}
     served: dict[str, tuple[np.ndarray, ...]] = {}
-    for name in plan.order:
+    if shared:
+        rngs = {name: np.random.default_rng([seed, 1 + position[name]]) for name in plan.order}
+        served = serve_on_cores(plan, times, rngs, hops, works, math.inf if cores is None else cores)
+    for name in plan.order if not shared else ():
         stage, deps = plan.nodes[name]
         sources = [served[d][2] if d in plan.nodes else times for d in dict.fromkeys(deps)] or [times]
         arrive = sources[0] if len(sources) == 1 else np.maximum.reduce(sources)
@@ -228,16 +269,26 @@ def simulate_graph(
     )
 
 
-def _hop_delays(hop_delay: float | Mapping[str, float], order: Sequence[str]) -> dict[str, float]:
-    # Every stage's delay on entry: one number for all, or a mapping (a stage not named: 0); errors name it.
-    if isinstance(hop_delay, Mapping):
-        unknown = [name for name in hop_delay if name not in order]
-        if unknown:
-            raise ValueError(f"hop_delay names {unknown[0]!r}, which is not a stage (stages: {', '.join(order)})")
-        return {name: check_number(f"hop_delay[{name!r}]", hop_delay.get(name, 0.0), positive=False)
-                for name in order}
-    delay = check_number("hop_delay", hop_delay, positive=False)
-    return dict.fromkeys(order, delay)
+def _check_shared_load(plan: Any, rate: float, capacities: Mapping[str, float], works: Mapping[str, float],
+                       cores: float | None) -> None:
+    # On shared cores every stage's work adds up: at best each stage needs 1 / (b / s(b)) seconds of a core per
+    # request (its capacity per replica), and the serving thread sum(hop_work) of its one core.
+    thread = rate * sum(works.values())
+    if thread >= 1:
+        raise UnstableLoadError(
+            f"the hand-off thread cannot keep up: {rate:.4g} requests per second need {thread:.3f} of its one core "
+            f"(hop_work summed over the stages entered: {sum(works.values()):.4g} s). Lower the rate or hop_work, or "
+            "pass allow_unstable=True.")
+    if cores is None:
+        return
+    need = {name: rate * plan.nodes[name][0].replicas / cap for name, cap in capacities.items() if cap > 0}
+    total = sum(need.values()) + thread
+    if total >= cores:
+        busiest = max(need, key=lambda name: need[name]) if need else "the hand-offs"
+        raise UnstableLoadError(
+            f"cores={cores:g} cannot keep up: arrival rate {rate:.4g} needs {total:.3f} cores of work at each "
+            f"stage's best batch (most for stage {busiest!r}: {need.get(busiest, thread):.3f}). Add cores, batch more, "
+            "lower the rate, or pass allow_unstable=True.")
 
 
 def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
