@@ -37,7 +37,11 @@ mode's on 2 cores; process mode's mean / p99 within 15 % / 25 % at 20, 45 and 65
 measured just before (three repetitions of 300 requests, each within the target; min-max shown), against two
 twins: the calibrated one above (a forecast: from the load run it takes only the CPU work), and the recorded one
 (trace-driven: each batch's wall time and each stage's turnaround as that run recorded them, the calibrated
-hand-off; it asks whether the simulator, given the per-batch costs, reproduces the queueing and the latencies).
+hand-off; it asks whether the simulator, given the per-batch costs, reproduces the queueing and the latencies);
+beside them, printed with the same verdicts, the calibrated twin on shared cores (``simulate_graph(cores=...,
+hop_work=hops.handoff)``: the workers' batches and the parent's hand-offs, on its one thread, share the cores two
+busy processes got before the runs, by processor sharing), and each saturating burst through the calibrated twin at
+that burst's own work, on a core per stage and on the shared cores (``at_work``).
 What the mean takes above the twin of the work alone is split three ways, measured: the hops (the calibration),
 round trips under load (the recorded twin minus the calibrated one: round trips and turnarounds no longer
 waking an idle process, but waiting for a core; the net change can come out either way) and the rest (the
@@ -70,7 +74,7 @@ from _timing import machine, table, verdict
 from infergraph_lite.core.stage import prepare_stages
 from infergraph_lite.lessons.examples import cpu_bound_stages, rounds_for, text_pipeline_stages, trained_text_models
 from infergraph_lite.lessons.models import load_texts
-from infergraph_lite.lessons.twins import calibrate_hops, recorded_turnaround, recorded_twin, service_table
+from infergraph_lite.lessons.twins import at_work, calibrate_hops, recorded_turnaround, recorded_twin, service_table
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.loadtest import ServiceProfile, profile_service_time, run_closed_loop, run_open_loop
 from infergraph_lite.serving.stage_workers import cores_available
@@ -176,10 +180,12 @@ def threads_vs_processes() -> None:
 
     rows, targets, parts = [], [], []
     saturated: dict[str, list[float]] = {"threads": [], "processes": []}
-    burst_work: dict[str, list[float]] = {"threads": [], "processes": []}  # sum of the stages' work per request
+    burst_work: dict[str, list[dict[str, float]]] = {"threads": [], "processes": []}  # each stage's per request
     latency: dict[float, dict[str, list[float]]] = {
-        load: {key: [] for key in ("mean", "p99", "recorded mean", "recorded p99", "cpu only", "hops", "under load",
-                                   "rest", "parent", "late", "others")} for load in CPU_LOADS}
+        load: {key: [] for key in ("mean", "p99", "shared mean", "shared p99", "recorded mean", "recorded p99",
+                                   "cpu only", "hops", "sharing", "under load", "rest", "parent", "late", "others")}
+        for load in CPU_LOADS}
+    shared_cores = min(cores, 2.0)  # the shared-cores twin runs on what two busy processes got before
     try:
         for server in servers.values():
             run_open_loop(server, np.zeros(40), make_request)  # warm-up
@@ -196,7 +202,7 @@ def threads_vs_processes() -> None:
             for mode, server in servers.items():  # interleaved: the machine's load changes hit both modes
                 before = server.batch_marks()
                 saturated[mode].append(run_open_loop(server, np.zeros(SATURATION_REQUESTS), make_request).throughput)
-                burst_work[mode].append(sum(server.work_per_request(since=before).values()))
+                burst_work[mode].append(server.work_per_request(since=before))
             server = servers["processes"]
             rates.append(saturated["processes"][-1])  # measured just before, as notebook 06 does
             for k, load in enumerate(CPU_LOADS):
@@ -217,10 +223,14 @@ def threads_vs_processes() -> None:
                 measured = np.array([r.latency for r in done])
                 records = {name: rows[marks[name]:] for name, rows in server.stage_records().items()}
                 replay = {"arrivals": trace - trace[0], "warmup": 0.0, "allow_unstable": True}
-                # this run's CPU work per batch size, varying from batch to batch as it did in the run
-                worked = recorded_twin(records, twin, measure="work", spread=True, seed=repeat)
-                bare = simulate_graph(worked, None, **replay)
-                sim = simulate_graph(hops.occupying(worked), None, hop_delay=hops.handoff, **replay)
+                # this run's CPU work per batch size, varying from batch to batch as it did; drawn afresh for each
+                # twin (the draws are stateful), so that the twins compared with each other start alike
+                drawn = {"records": records, "base": twin, "measure": "work", "spread": True, "seed": repeat}
+                bare = simulate_graph(recorded_twin(**drawn), None, **replay)
+                sim = simulate_graph(hops.occupying(recorded_twin(**drawn)), None, hop_delay=hops.handoff, **replay)
+                # the same forecast on the cores free, the hand-offs as CPU of the parent's one thread among the jobs
+                shared = simulate_graph(hops.occupying(recorded_twin(**drawn)), None, cores=shared_cores,
+                                        hop_work=hops.handoff, **replay)
                 # Trace-driven: each batch's wall time and turnaround as this run recorded them, the same hand-off
                 batches = server.batches_since(bmarks)
                 traced = dataclasses.replace(hops, trip={}, turnaround=recorded_turnaround(batches))
@@ -230,6 +240,9 @@ def threads_vs_processes() -> None:
                 mean, p99 = float(np.mean(measured)), float(np.percentile(measured, 99))
                 got["mean"].append(mean / sim.mean_latency)
                 got["p99"].append(p99 / sim.percentile(99))
+                got["shared mean"].append(mean / shared.mean_latency)
+                got["shared p99"].append(p99 / shared.percentile(99))
+                got["sharing"].append((shared.mean_latency - sim.mean_latency) * 1e3)
                 got["recorded mean"].append(mean / recorded.mean_latency)
                 got["recorded p99"].append(p99 / recorded.percentile(99))
                 got["cpu only"].append(mean / bare.mean_latency)
@@ -240,8 +253,9 @@ def threads_vs_processes() -> None:
                 got["late"].append((report.mean - mean) * 1e3)
                 got["others"].append(others)
                 rows.append([f"{load:.2f}", repeat + 1, mean * 1e3, sim.mean_latency * 1e3, p99 * 1e3,
-                             sim.percentile(99) * 1e3, got["mean"][-1], got["p99"][-1], got["recorded mean"][-1],
-                             got["recorded p99"][-1], got["cpu only"][-1], f"{others:.2f}"])
+                             sim.percentile(99) * 1e3, got["mean"][-1], got["p99"][-1], got["shared mean"][-1],
+                             got["shared p99"][-1], got["recorded mean"][-1], got["recorded p99"][-1],
+                             got["cpu only"][-1], f"{others:.2f}"])
     finally:
         for server in servers.values():
             server.close()
@@ -258,8 +272,9 @@ def threads_vs_processes() -> None:
     works = ", ".join(f"{n} {w * 1e3:.2f} ms" for n, w in work.items())
     print(f"profile (each stage on a core of its own, {rounds} rounds per item): work per request {works}; "
           f"capacity {work_capacity:.0f} req/s; one-process bound 1 / sum = {one_process:.0f} req/s; the work per "
-          "request measured in the bursts: " + ", ".join(f"{mode} " + " ".join(f"{w * 1e3:.2f}" for w in ws) + " ms"
-                                                 for mode, ws in burst_work.items()))
+          "request measured in the bursts: " + ", ".join(
+              f"{mode} " + " ".join(f"{sum(w.values()) * 1e3:.2f}" for w in ws) + " ms"
+              for mode, ws in burst_work.items()))
     trips = ", ".join(f"{n} {hops.round_trip[n] * 1e3:.3f} ms (above its work {hops.trip[n] * 1e3:.3f}, "
                       f"turnaround {hops.turnaround[n] * 1e3:.3f})" for n in hops.round_trip)
     print(f"calibration, 150 lone requests {SPACING * 1e3:.0f} ms apart: median {hops.lone_latency * 1e3:.3f} ms "
@@ -272,19 +287,23 @@ def threads_vs_processes() -> None:
           f"{hops.per_hop * 1e3:.3f}); what the spacing costs a request over back to back: "
           f"{(hops.lone_latency - warm.lone_latency) * 1e3:.2f} ms")
     table(f"GraphServer(workers='processes') vs its calibrated twin (recorded work + round trips + turnaround + "
-          f"hand-off) and the recorded twin (each batch's wall time and turnaround as the run recorded them), "
+          f"hand-off), the same on {shared_cores:.2f} shared cores (the hand-offs on the parent's one thread among "
+          f"the jobs) and the recorded twin (each batch's wall time and turnaround as the run recorded them), "
           f"CPU-bound chain ({machine()})",
           ["load", "run", "measured mean ms", "twin mean ms", "measured p99 ms", "twin p99 ms", "mean ratio",
-           "p99 ratio", "recorded: mean", "recorded: p99", "mean ratio, no hops", "others' cores"], rows)
+           "p99 ratio", "shared cores: mean", "shared cores: p99", "recorded: mean", "recorded: p99",
+           "mean ratio, no hops", "others' cores"], rows)
     for load in CPU_LOADS:
         got = latency[load]
         parts.append([f"{load:.2f}", span(got["hops"]), span(got["under load"]), span(got["rest"]),
-                      span(got["parent"]), span(got["late"])])
+                      span(got["sharing"]), span(got["parent"]), span(got["late"])])
     table("Where the mean goes above the twin of the work alone, ms per request (median [min-max] of 3): hops "
           "(lone-request calibration), round trips under load (the recorded twin minus the calibrated), the rest "
-          "(outside the stages, under load); beside them the parent's CPU and the load generator's lateness (the "
-          "client's latency less the server's)",
-          ["load", "hops", "round trips under load", "the rest", "parent CPU ms/request", "generator late ms"], parts)
+          "(outside the stages, under load); beside them what sharing the cores adds in the twin (the shared-cores "
+          "twin minus the calibrated), the parent's CPU and the load generator's lateness (the client's latency less "
+          "the server's)",
+          ["load", "hops", "round trips under load", "the rest", "sharing the cores (twin)", "parent CPU ms/request",
+           "generator late ms"], parts)
 
     def judged_runs(ratios: list[float], others: list[float], target: float) -> str:
         # Only runs the rest of the machine left alone count for a miss; a miss among the others is unconfirmed
@@ -295,14 +314,14 @@ def threads_vs_processes() -> None:
             return f"unconfirmed ({len(ratios) - len(quiet)} of {len(ratios)} runs beside > {QUIET} busy cores)"
         return judged(max(abs(r - 1) for r in ratios), target, "lower")
 
-    for which, prefix in (("calibrated", ""), ("recorded", "recorded ")):
+    for which, prefix in (("calibrated", ""), ("shared-cores", "shared "), ("recorded", "recorded ")):
         for load in CPU_LOADS:
             means, p99s, others = latency[load][prefix + "mean"], latency[load][prefix + "p99"], latency[load]["others"]
             targets.append([f"processes: measured / {which} twin mean, load {load:.2f}", span(means), "within 15 %",
                             judged_runs(means, others, 0.15)])
             targets.append([f"processes: measured / {which} twin p99, load {load:.2f}", span(p99s), "within 25 %",
                             judged_runs(p99s, others, 0.25)])
-    thread_ratio = [t * w for t, w in zip(saturated["threads"], burst_work["threads"])]  # t / (1 / work)
+    thread_ratio = [t * sum(w.values()) for t, w in zip(saturated["threads"], burst_work["threads"])]  # t / bound
     targets.append(["threads: saturated throughput / one-process bound (the burst's work)", span(thread_ratio),
                     "within 15 %",
                     judged(max(abs(r - 1) for r in thread_ratio), 0.15, "lower")])
@@ -311,6 +330,16 @@ def threads_vs_processes() -> None:
                     judged(min(speedup), 1.6, "higher")])
     targets.append(["processes: saturated throughput / twin capacity",
                     span([p / capacity for p in saturated["processes"]]), "(recorded)", ""])
+    # Each burst through the calibrated twin at the work that burst recorded: a core per stage, then the cores shared
+    at_burst = [hops.occupying(at_work(twin, w)) for w in burst_work["processes"]]
+    burst_twin = {"own": [simulate_graph(t, None, arrivals=np.zeros(SATURATION_REQUESTS), warmup=0.0,
+                                         allow_unstable=True, hop_delay=hops.handoff).throughput for t in at_burst],
+                  "shared": [simulate_graph(t, None, arrivals=np.zeros(SATURATION_REQUESTS), warmup=0.0,
+                                            allow_unstable=True, cores=shared_cores, hop_work=hops.handoff).throughput
+                             for t in at_burst]}
+    for which, key in (("a core per stage", "own"), (f"{shared_cores:.2f} shared cores", "shared")):
+        targets.append([f"processes: saturated / twin at the burst's work, {which}",
+                        span([p / b for p, b in zip(saturated["processes"], burst_twin[key])]), "(recorded)", ""])
     targets.append(["processes: hop delay per stage entered, lone requests (ms)", hops.per_hop * 1e3,
                     "(recorded)", ""])
     table("Targets: threads vs processes (median [min-max] of 3 interleaved repetitions)",

@@ -36,7 +36,7 @@ from infergraph_lite.core.stage import mean_service_time, service_time_fn
 from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 from infergraph_lite.simulation.graph import simulate_graph
 
-__all__ = ["HopCalibration", "calibrate_hops", "recorded_turnaround", "recorded_twin", "service_table"]
+__all__ = ["HopCalibration", "at_work", "calibrate_hops", "recorded_turnaround", "recorded_twin", "service_table"]
 
 
 def service_table(sizes: Sequence[float], seconds: Sequence[float]) -> Callable[[float], float]:
@@ -269,6 +269,38 @@ def recorded_twin(records: Mapping[str, Sequence[Any]], base: Mapping[str, tuple
             table = _spread(table, np.unique(sizes), ratios, np.random.default_rng([seed, index]))
         result[name] = (dataclasses.replace(stage, service_time=table), deps)
     return result
+
+
+def at_work(twin: Mapping[str, tuple[Any, Sequence[str]]],
+            per_request: Mapping[str, float]) -> dict[str, tuple[Any, Sequence[str]]]:
+    """``twin`` with each stage's service times scaled so that a batch of one costs ``per_request[stage]``.
+
+    For a twin built from a profile, replayed at the work per request a run recorded (a burst whose work came
+    out above or below the profile's): every batch size keeps the profile's shape.  The scale is set at a batch
+    of one; for a stage whose cost is nearly proportional to the batch (pure-Python work per item, as notebook
+    06's CPU-bound chain) the work per request of a run of larger batches scales it the same way.
+
+    >>> from infergraph_lite.core.stage import Stage
+    >>> twin = {"a": (Stage(service_time=(0.001, 0.001)), ["request"])}  # 1 ms + 1 ms per request
+    >>> s = at_work(twin, {"a": 0.003})["a"][0].service_time
+    >>> round(s(1), 6), round(s(4), 6)
+    (0.003, 0.0075)
+    """
+    result = {}
+    for name, (stage, deps) in twin.items():
+        base = service_time_fn(stage.service_time, allow_zero=True)
+        if name not in per_request:
+            raise ValueError(f"at_work: no work per request given for stage {name!r}")
+        work, alone = check_number(f"per_request[{name!r}]", per_request[name], positive=False), base(1)
+        if alone == 0 and work > 0:
+            raise ValueError(f"at_work: stage {name!r} costs nothing in the twin, so it cannot be scaled to {work}")
+        factor = work / alone if alone > 0 else 1.0
+        result[name] = (dataclasses.replace(stage, service_time=_scaled(base, factor)), deps)
+    return result
+
+
+def _scaled(service_time: Callable[[int], float], factor: float) -> Callable[[int], float]:
+    return lambda b: factor * service_time(b)
 
 
 def _spread(table: Callable[[float], float], sizes: np.ndarray, ratios: list[np.ndarray],

@@ -9,8 +9,10 @@ first approximation).  A job is a batch on a replica (its service time is the CP
 hand-off of a request into a stage by the serving process's one thread (``hop_work``: served one at a time,
 in order, as one interpreter lock would).
 
-With no more jobs than cores at any moment it gives exactly the stage-by-stage result: the processor-sharing
-clock only falls behind while the cores are oversubscribed (the lag below stays exactly 0.0 otherwise).
+With no ``hop_work`` and never more jobs than cores it gives exactly the stage-by-stage result: the
+processor-sharing clock only falls behind while the cores are oversubscribed (the lag below stays exactly 0.0
+otherwise).  With ``hop_work``, hand-offs due at once (a batch of several answered together) also queue on the
+one thread, however many cores there are.
 """
 
 from __future__ import annotations

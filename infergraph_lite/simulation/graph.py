@@ -149,7 +149,7 @@ def simulate_graph(
     the wake-up, pickling and pipe of a real server's hop (measured from lone requests; notebook 06,
     section 7).  On a stage's :class:`StageStats`, ``arrival`` is then when the request reached its queue.
 
-    ``cores=C`` models the other machine instead: **the stages share C cores**.  Every stage's queue, its
+    ``cores=C`` models the opposite case: **the stages share C cores**.  Every stage's queue, its
     replicas and the hand-offs then advance in one event loop
     (:func:`~infergraph_lite.simulation.cores.serve_on_cores`), and whatever runs shares the cores by
     processor sharing: with n jobs running on C < n cores, each progresses at C / n seconds of its service
@@ -157,8 +157,9 @@ def simulate_graph(
     needs.  ``hop_work`` (seconds, or ``{stage: seconds}``) is CPU work of the serving process on every entry
     into a stage, done by one thread, one hand-off at a time in order (one interpreter lock), on the same
     cores: where ``hop_delay`` is a pure delay, ``hop_work`` is a delay that queues and takes a core (it may be
-    given without ``cores``: the thread alone then serialises).  While no more jobs run than there are cores
-    the result is exactly the stage-by-stage one.  Load shedding (``max_queue_size``, ``queue_timeouts``) is not
+    given without ``cores``: the thread alone then serialises).  With no ``hop_work`` and never more jobs
+    than cores the result is exactly the stage-by-stage one.  Load shedding (``max_queue_size``,
+    ``queue_timeouts``) is not
     modelled on shared cores and is refused, naming the stage; so is a load the cores cannot carry (the sum
     of every stage's work per request at its best batch, and the hand-offs' work, against ``cores``) unless
     ``allow_unstable=True``.
