@@ -92,6 +92,39 @@ def test_two_stages_on_one_core_share_it_while_both_run():
     assert r.finish.tolist() == [3.0, 4.0]
 
 
+def test_two_parallel_stages_split_one_core_equally_until_the_shorter_is_done():
+    fan = {"a": (Stage(service_time=1.0), ["request"]), "b": (Stage(service_time=3.0), ["request"]),
+           "join": (Stage(service_time=0.0), ["a", "b"])}
+    r = simulate_graph(fan, None, arrivals=[0.0, 100.0], warmup=0.0, cores=1, allow_unstable=True)
+    # both at half speed: a's 1 s of work is done at 2; b has 2 s left, alone, done at 4
+    assert r.stages["a"].finish.tolist() == [2.0, 102.0] and r.stages["b"].finish.tolist() == [4.0, 104.0]
+    assert r.finish.tolist() == [4.0, 104.0]
+
+
+def test_a_stage_that_names_one_dependency_twice_is_entered_once_on_shared_cores():
+    twice = {"a": (Stage(service_time=1.0), ["request"]), "b": (Stage(service_time=0.5), ["request"]),
+             "d": (Stage(service_time=0.25), ["a", "a", "b"])}
+    common = {"arrivals": [0.0, 0.5, 3.0], "warmup": 0.0, "allow_unstable": True}
+    shared, alone = simulate_graph(twice, None, cores=100, **common), simulate_graph(twice, None, **common)
+    assert shared.stages["d"].batch_size.tolist() == [1, 1, 1]
+    np.testing.assert_allclose(shared.finish, alone.finish, rtol=0, atol=1e-12)
+
+
+def test_numpy_numbers_and_per_stage_hop_work_are_accepted():
+    chain = {"a": (Stage(service_time=0.5), ["request"]), "b": (Stage(service_time=0.5), ["a"])}
+    r = simulate_graph(chain, None, arrivals=[0.0, 100.0], warmup=0.0, cores=np.float64(2.0),
+                       hop_work={"b": 0.25}, allow_unstable=True)
+    assert r.finish.tolist() == [1.25, 101.25]  # only the hand-off into b costs work
+    assert r.stages["b"].arrival.tolist() == [0.75, 100.75]
+
+
+def test_a_batching_stage_is_not_refused_at_a_load_its_batches_carry():
+    # one at a time, 0.9 requests/s of 1.5 s would need 1.35 cores; batches of 4 at 2.4 s need 0.54
+    batched = {"a": (Stage(service_time=(1.2, 0.3), max_batch_size=4, max_wait=1.0), ["request"])}
+    r = simulate_graph(batched, 0.9, 5_000, cores=1, seed=1)
+    assert r.throughput == pytest.approx(0.9, rel=0.1)
+
+
 def test_hop_work_is_one_thread_that_queues_the_hand_offs_and_takes_a_core():
     wide = {"a": (Stage(service_time=1.0, replicas=2), ["request"])}
     # no cores given: only the one thread serialises; request 1 is handed in after request 0
@@ -125,6 +158,7 @@ def test_a_load_the_cores_cannot_carry_is_refused_naming_the_cores():
     ({"cores": True}, "cores must be a number > 0"),
     ({"cores": float("nan")}, "cores must be a number > 0"),
     ({"hop_work": -1.0}, "hop_work"),
+    ({"hop_work": float("nan")}, "hop_work"),
     ({"hop_work": {"nope": 1.0}}, "hop_work names 'nope'"),
     ({"cores": 2, "queue_timeouts": {"a": 1.0}}, "stage 'a' sheds load"),
 ])
@@ -138,3 +172,5 @@ def test_a_shedding_stage_is_refused_on_shared_cores():
     shedding = {"a": (Stage(service_time=1.0, max_queue_size=2), ["request"])}
     with pytest.raises(ValueError, match="stage 'a' sheds load"):
         simulate_graph(shedding, 0.5, 100, cores=1)
+    with pytest.raises(ValueError, match="stage 'a' sheds load"):
+        simulate_graph(shedding, 0.5, 100, hop_work=0.1)

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from infergraph_lite.core.stage import Stage
+from infergraph_lite.core.stage import Exponential, Stage, service_time_fn
 from infergraph_lite.lessons.twins import HopCalibration, at_work, calibrate_hops, recorded_twin, service_table
 from infergraph_lite.serving.graph_server import GraphServer
 from infergraph_lite.serving.metrics import RequestRecord
@@ -167,12 +167,16 @@ def test_service_table_is_never_dearer_per_request_than_one_nor_cheaper_than_a_s
 def test_at_work_rescales_every_batch_size_to_a_runs_work_per_request_and_names_a_bad_stage():
     twin = {"a": (Stage(service_time=(0.001, 0.001)), ["request"]), "join": (Stage(service_time=0.0), ["a"])}
     scaled = at_work(twin, {"a": 0.004, "join": 0.0})
-    s = scaled["a"][0].service_time
+    s = service_time_fn(scaled["a"][0].service_time)
     assert s(1) == pytest.approx(0.004) and s(3) == pytest.approx(0.008)  # the profile's shape: 2 ms + 2 ms per item
-    assert scaled["a"][1] == ["request"] and scaled["join"][0].service_time(5) == 0.0
+    assert scaled["a"][1] == ["request"] and service_time_fn(scaled["join"][0].service_time, allow_zero=True)(5) == 0.0
     with pytest.raises(ValueError, match="no work per request given for stage 'join'"):
         at_work(twin, {"a": 0.004})
     with pytest.raises(ValueError, match="stage 'join' costs nothing"):
         at_work(twin, {"a": 0.004, "join": 0.001})
     with pytest.raises(ValueError, match=r"per_request\['a'\]"):
         at_work(twin, {"a": -1.0, "join": 0.0})
+    with pytest.raises(ValueError, match="per_request names 'b', which is not a stage"):
+        at_work(twin, {"a": 0.004, "join": 0.0, "b": 1.0})
+    drawn = at_work({"e": (Stage(service_time=Exponential(0.002)), ["request"])}, {"e": 0.006})["e"][0]
+    assert drawn.service_time == Exponential(0.006)  # still an Exponential: the simulator's seed draws it

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_number
-from infergraph_lite.core.stage import mean_service_time, service_time_fn
+from infergraph_lite.core.stage import Exponential, mean_service_time, service_time_fn
 from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 from infergraph_lite.simulation.graph import simulate_graph
 
@@ -282,25 +282,35 @@ def at_work(twin: Mapping[str, tuple[Any, Sequence[str]]],
 
     >>> from infergraph_lite.core.stage import Stage
     >>> twin = {"a": (Stage(service_time=(0.001, 0.001)), ["request"])}  # 1 ms + 1 ms per request
-    >>> s = at_work(twin, {"a": 0.003})["a"][0].service_time
-    >>> round(s(1), 6), round(s(4), 6)
-    (0.003, 0.0075)
+    >>> tuple(round(part, 6) for part in at_work(twin, {"a": 0.003})["a"][0].service_time)  # the same kind of spec
+    (0.0015, 0.0015)
     """
+    unknown = [name for name in per_request if name not in twin]
+    if unknown:
+        raise ValueError(f"at_work: per_request names {unknown[0]!r}, which is not a stage (stages: {', '.join(twin)})")
     result = {}
     for name, (stage, deps) in twin.items():
-        base = service_time_fn(stage.service_time, allow_zero=True)
         if name not in per_request:
             raise ValueError(f"at_work: no work per request given for stage {name!r}")
-        work, alone = check_number(f"per_request[{name!r}]", per_request[name], positive=False), base(1)
+        work = check_number(f"per_request[{name!r}]", per_request[name], positive=False)
+        alone = mean_service_time(stage.service_time, 1)  # an Exponential's mean: no draw spent, no seed lost
         if alone == 0 and work > 0:
             raise ValueError(f"at_work: stage {name!r} costs nothing in the twin, so it cannot be scaled to {work}")
-        factor = work / alone if alone > 0 else 1.0
-        result[name] = (dataclasses.replace(stage, service_time=_scaled(base, factor)), deps)
+        result[name] = (dataclasses.replace(stage, service_time=_scaled(stage.service_time,
+                                                                         work / alone if alone > 0 else 1.0)), deps)
     return result
 
 
-def _scaled(service_time: Callable[[int], float], factor: float) -> Callable[[int], float]:
-    return lambda b: factor * service_time(b)
+def _scaled(service_time: Any, factor: float) -> Any:
+    # The same kind of spec, scaled: a number, (alpha, beta) and an Exponential keep the simulator's fast paths
+    # and their exact capacity; a function is wrapped.
+    if isinstance(service_time, Exponential):
+        return Exponential(service_time.mean * factor)
+    if isinstance(service_time, tuple):
+        return tuple(factor * part for part in service_time)
+    if callable(service_time):
+        return lambda b: factor * service_time(b)
+    return factor * service_time
 
 
 def _spread(table: Callable[[float], float], sizes: np.ndarray, ratios: list[np.ndarray],

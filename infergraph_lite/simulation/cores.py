@@ -9,16 +9,17 @@ first approximation).  A job is a batch on a replica (its service time is the CP
 hand-off of a request into a stage by the serving process's one thread (``hop_work``: served one at a time,
 in order, as one interpreter lock would).
 
-With no ``hop_work`` and never more jobs than cores it gives exactly the stage-by-stage result: the
-processor-sharing clock only falls behind while the cores are oversubscribed (the lag below stays exactly 0.0
-otherwise).  With ``hop_work``, hand-offs due at once (a batch of several answered together) also queue on the
-one thread, however many cores there are.
+With no ``hop_work`` and never, over the whole run, more jobs than cores it gives exactly the stage-by-stage
+result: the processor-sharing clock only falls behind while the cores are oversubscribed (the lag below stays
+exactly 0.0 otherwise; once it has moved, later times carry its rounding).  With ``hop_work``, hand-offs due at
+once (a batch of several answered together) also queue on the one thread, however many cores there are.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,7 +46,8 @@ def serve_on_cores(
     Returns, per stage, what the stage-by-stage loop returns: per request (request order) the time it reached
     the queue, its batch's start and end, its batch's size; per batch (in the order batches started) size,
     start and end; then the per-request outcome (all served: this loop does not shed).  ``cores=math.inf``
-    shares nothing (only ``hop_work``'s one thread then serialises).
+    shares nothing (only ``hop_work``'s one thread then serialises).  Hand-offs due at the same instant queue on
+    the thread request by request, in request order, each request into its stages in topological order.
 
     Two stages of 1 s each on one core, two requests at once: request 0 leaves ``a`` at 1 s; then request 0
     in ``b`` and request 1 in ``a`` share the core, each at half speed, until both are done at 3 s; request 1's
@@ -65,15 +67,17 @@ def serve_on_cores(
     policies = [stage.policy() for stage in stage_of]
     service = [service_time_fn(stage.service_time, rngs[name], allow_zero=True) for stage, name in zip(stage_of, names)]
     upstream = [[index[d] for d in dict.fromkeys(plan.nodes[name][1]) if d in plan.nodes] for name in names]
-    downstream = [[index[d] for d in plan.dependents[name]] for name in names]
+    # each dependent once, however often it names this stage (upstream counts each dependency once too)
+    downstream = [[index[d] for d in dict.fromkeys(plan.dependents[name])] for name in names]
     entry_delay = [hops[name] for name in names]
     entry_work = [hop_work[name] for name in names]
     sources = [k for k in range(m) if not upstream[k]]  # stages a request enters on arrival
-    waiting_for = [np.full(n, len(upstream[k]), dtype=np.int32) for k in range(m)]
-
-    arrive = [np.full(n, np.nan) for _ in range(m)]
-    start, finish = [np.full(n, np.nan) for _ in range(m)], [np.full(n, np.nan) for _ in range(m)]
-    size = [np.zeros(n, dtype=int) for _ in range(m)]
+    # plain lists in the loop: numpy element access costs several times a list's per request
+    waiting_for = [[len(upstream[k])] * n for k in range(m)]
+    arrival_list = [float(x) for x in times]
+    arrive = [[math.nan] * n for _ in range(m)]
+    start, finish = [[math.nan] * n for _ in range(m)], [[math.nan] * n for _ in range(m)]
+    size = [[0] * n for _ in range(m)]
     b_size: list[list[int]] = [[] for _ in range(m)]
     b_start: list[list[float]] = [[] for _ in range(m)]
     b_end: list[list[float]] = [[] for _ in range(m)]
@@ -85,7 +89,7 @@ def serve_on_cores(
     jobs: list[tuple[float, int, tuple]] = []  # running: (finish in served seconds, order, job)
     handoffs: deque[tuple[int, int]] = deque()  # (stage, request) waiting for the serving thread
     thread_busy = False
-    t, lag, order, arrived = (float(times[0]) if n else 0.0), 0.0, 0, 0
+    t, lag, order, arrived = (arrival_list[0] if n else 0.0), 0.0, 0, 0
     dirty: set[int] = set()
 
     def push_event(at: float, kind: int, k: int, i: int) -> None:
@@ -139,8 +143,9 @@ def serve_on_cores(
             members = [queue.popleft() for _ in range(policy.take(len(queue)))]
             heapq.heappop(idle)
             b = len(members)
-            start[k][members] = t
-            size[k][members] = b
+            for i in members:
+                start[k][i] = t
+                size[k][i] = b
             b_size[k].append(b)
             b_start[k].append(t)
             b_end[k].append(math.nan)
@@ -162,12 +167,13 @@ def serve_on_cores(
             return
         _, k, batch, members = job
         b_end[k][batch] = t
-        finish[k][members] = t
-        policies[k].observe(t - b_start[k][batch], len(members))
+        for i in members:
+            finish[k][i] = t
+        policies[k].observe(t - b_start[k][batch], len(members))  # the batch's wall time, sharing included
         heapq.heappush(free[k], t)
         dirty.add(k)
-        for d in downstream[k]:
-            for i in members:
+        for i in members:  # request by request, as arrivals are handed in
+            for d in downstream[k]:
                 waiting_for[d][i] -= 1
                 if waiting_for[d][i] == 0:
                     ready(d, i)
@@ -181,18 +187,18 @@ def serve_on_cores(
         else:
             done_at = t + (jobs[0][0] - (t - lag)) / rate
         next_at = min(done_at, events[0][0] if events else math.inf,
-                      float(times[arrived]) if arrived < n else math.inf)
+                      arrival_list[arrived] if arrived < n else math.inf)
         if next_at == math.inf:
             break
         if rate < 1.0 and next_at > t:
             lag += (next_at - t) * (1.0 - rate)
+        t = max(t, next_at)
         served = t - lag
         if done_at == next_at:  # the first job is done now, whatever the last bit of rounding says
             served = max(served, jobs[0][0])
-        t = max(t, next_at)
         while jobs and jobs[0][0] <= served:
             complete(heapq.heappop(jobs)[2])
-        while arrived < n and times[arrived] <= t:
+        while arrived < n and arrival_list[arrived] <= t:
             for k in sources:
                 ready(k, arrived)
             arrived += 1
@@ -212,15 +218,22 @@ def serve_on_cores(
                 complete(heapq.heappop(jobs)[2])
 
     outcome = np.zeros(n, dtype=np.int8)
-    return {name: (arrive[k], start[k], finish[k], size[k], np.array(b_size[k], dtype=int),
-                   np.array(b_start[k]), np.array(b_end[k]), outcome) for k, name in enumerate(names)}
+    return {name: (np.array(arrive[k]), np.array(start[k]), np.array(finish[k]), np.array(size[k], dtype=int),
+                   np.array(b_size[k], dtype=int), np.array(b_start[k]), np.array(b_end[k]), outcome)
+            for k, name in enumerate(names)}
 
 
 def check_cores(cores: object) -> float:
-    """``cores`` as a positive number (fractional allowed: a core another process half uses), naming it."""
-    if isinstance(cores, bool) or not isinstance(cores, (int, float)) or not cores > 0 or math.isnan(cores):
+    """``cores`` as a positive number (fractional allowed: a core another process half uses; ``math.inf``
+    shares nothing), naming it.
+
+    >>> check_cores(np.int64(2)), check_cores(1.5)
+    (2.0, 1.5)
+    """
+    value = float(cores) if isinstance(cores, numbers.Real) and not isinstance(cores, (bool, np.bool_)) else math.nan
+    if not value > 0:
         raise ValueError(f"cores must be a number > 0 (the cores the stages share), got {cores!r}")
-    return float(cores)
+    return value
 
 
 def entry_costs(name: str, value: float | Mapping[str, float], order: Sequence[str]) -> dict[str, float]:

@@ -159,10 +159,13 @@ def simulate_graph(
     cores: where ``hop_delay`` is a pure delay, ``hop_work`` is a delay that queues and takes a core (it may be
     given without ``cores``: the thread alone then serialises).  With no ``hop_work`` and never more jobs
     than cores the result is exactly the stage-by-stage one.  Load shedding (``max_queue_size``,
-    ``queue_timeouts``) is not
-    modelled on shared cores and is refused, naming the stage; so is a load the cores cannot carry (the sum
-    of every stage's work per request at its best batch, and the hand-offs' work, against ``cores``) unless
-    ``allow_unstable=True``.
+    ``queue_timeouts``) is not modelled on shared cores and is refused, naming the stage.  So, unless
+    ``allow_unstable=True``, is a load the cores cannot carry (the sum of every stage's work per request at
+    its best batch, and the hand-offs' work, against ``cores``) and one the hand-off thread cannot (the
+    rate times the sum of ``hop_work`` at or above 1, with or without ``cores``); both are necessary for a
+    stable run, not sufficient.  On shared cores a stage's ``utilization`` is the time its replicas were
+    busy, slowed down included (not CPU use), and an :class:`~infergraph_lite.core.policy.AIMD` cap hears
+    each batch's time as it took, sharing included, as a real batcher would.
 
     Two exponential stages in tandem at 60 % and 30 % load: by Jackson's
     theorem the mean latency is 1/(1 - 0.6) + 0.5/(1 - 0.3) = 3.21 ms; a hop
@@ -285,11 +288,13 @@ def _check_shared_load(plan: Any, rate: float, capacities: Mapping[str, float], 
     need = {name: rate * plan.nodes[name][0].replicas / cap for name, cap in capacities.items() if cap > 0}
     total = sum(need.values()) + thread
     if total >= cores:
-        busiest = max(need, key=lambda name: need[name]) if need else "the hand-offs"
+        busiest = max(need, key=lambda name: need[name]) if need else None
+        most = (f"stage {busiest!r}: {need[busiest]:.3f}" if busiest is not None and need[busiest] >= thread
+                else f"the hand-offs: {thread:.3f}")
         raise UnstableLoadError(
             f"cores={cores:g} cannot keep up: arrival rate {rate:.4g} needs {total:.3f} cores of work at each "
-            f"stage's best batch (most for stage {busiest!r}: {need.get(busiest, thread):.3f}). Add cores, batch more, "
-            "lower the rate, or pass allow_unstable=True.")
+            f"stage's best batch (most for {most}). Add cores, batch more, lower the rate, or pass "
+            "allow_unstable=True.")
 
 
 def _serve_stage(arrive: np.ndarray, stage: Any, rng: np.random.Generator,
