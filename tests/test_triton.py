@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from infergraph_lite.frameworks import triton
 from infergraph_lite.frameworks.triton import (
     TRITON_FIELDS,
     TensorType,
+    TritonClient,
     TritonConfigError,
     TritonServer,
     TritonStartError,
@@ -363,6 +365,61 @@ def test_a_missing_binary_gets_a_clear_error_and_starts_nothing(monkeypatch, tmp
     assert own_processes() <= before
 
 
+# --- the client's statistics wait for Triton to count what it has answered ------------------------------------
+
+
+class LaggingStream:
+    """A Triton stream whose counters show each answer only ``lag`` reads after it was given (as a backend reports
+    its statistics after it sends the response)."""
+
+    def __init__(self, lag: int):
+        self.lag, self.answered, self.reads, self.pending = lag, 0, 0, []
+        self.counted = {"pipeline": 0, "pre": 0, "post": 0, "other": 5}
+
+    def get_model_config(self, model, as_json=True):
+        tensors = {"input": [{"name": "text", "data_type": "TYPE_STRING", "dims": ["1"]}],
+                   "output": [{"name": "out", "data_type": "TYPE_STRING", "dims": ["1"]}]}
+        steps = [{"model_name": "pre"}, {"model_name": "post"}] if model == "pipeline" else []
+        return {"config": {**tensors, "ensemble_scheduling": {"step": steps}} if steps else tensors}
+
+    def infer(self, model, tensors, outputs=None):
+        self.pending.append((self.reads + self.lag, [model, "pre", "post"] if model == "pipeline" else [model]))
+        return type("Result", (), {"as_numpy": lambda self, name: np.array([b"ok"], dtype=object)})()
+
+    def get_inference_statistics(self, model, version, as_json=True):
+        self.reads += 1
+        for _, names in [p for p in self.pending if p[0] < self.reads]:
+            for name in names:
+                self.counted[name] += 1
+        self.pending = [p for p in self.pending if p[0] >= self.reads]
+        return {"model_stats": [{"name": n, "inference_stats": {"success": {"count": c}}} for n, c in
+                                self.counted.items()]}
+
+    def close(self):
+        pass
+
+
+def test_statistics_wait_until_triton_has_counted_every_answer_this_client_had():
+    client = TritonClient("127.0.0.1:1", settle_timeout=5.0)  # gRPC connects lazily: nothing is dialled
+    client._stream = stream = LaggingStream(lag=3)
+    before = client.statistics()
+    for _ in range(4):
+        client.infer({"text": "a"})
+    client.infer({"text": "b"}, model="other")
+    after = client.statistics()
+    assert {name: after[name].requests - before[name].requests for name in after} == {
+        "pipeline": 4, "pre": 4, "post": 4, "other": 1}  # the ensemble's members too; "other" from its own count
+    assert stream.reads > 3  # it read again: the first read after the answers was early
+    stream.counted["pipeline"] = 0  # Triton reloaded the ensemble: its counters start again
+    started = time.monotonic()
+    assert client.statistics()["pipeline"].requests == 0 and time.monotonic() - started < 1.0  # owed from there
+    client.infer({"text": "c"})
+    assert client.statistics()["pipeline"].requests == 1
+    client.settle_timeout = 0.0  # given no time, the counts come as they are
+    client.infer({"text": "d"})
+    assert client.statistics()["pipeline"].requests == 1
+
+
 # --- a real server ---------------------------------------------------------------------------------------------
 
 
@@ -471,7 +528,6 @@ def test_every_listening_socket_of_the_server_is_loopback(text_server):
 
 @needs_server
 def test_a_node_that_raises_answers_with_an_error_naming_it(tmp_path):
-    import time
 
     repo = to_model_repository(failing_stages(), tmp_path, factory="tests.test_triton:failing_stages",
                                example=BANANA_INPUTS)

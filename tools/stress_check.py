@@ -104,7 +104,10 @@ def fresh_clone_make_test(venv: Path | None) -> tuple[bool, float, str]:
             command += [f"BIN={venv / 'bin'}", "-o", ".venv/.installed"]
             env["PYTHONPATH"] = str(clone)
         done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True)
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        # the whole output outside the clone (which is removed): a failure's traceback is what one needs next
+        log = Path(tempfile.gettempdir()) / f"infergraph-clone-make-test-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        log.write_text(done.stdout + done.stderr)
+        tail = "\n".join([*(done.stdout + done.stderr).strip().splitlines()[-15:], f"(the whole output: {log})"])
         if venv is None:
             shutil.rmtree(clone / ".venv", ignore_errors=True)
     return done.returncode == 0, time.perf_counter() - started, tail

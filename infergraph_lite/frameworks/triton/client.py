@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -145,15 +147,26 @@ class TritonClient:
     ``submit(inputs) -> Future`` is the load generators' interface, so the package's open- and
     closed-loop drivers put load on Triton as they do on the in-process batcher.  Tensor types
     (text, JSON, numbers, arrays) are read from the model's config on the server.
+
+    Triton counts a request a moment after its answer has left (a backend reports its statistics after it
+    sends the response), so a count read right after an answer can miss it.  The client therefore keeps, for
+    every model it has sent to and every member of such an ensemble, the count Triton must have reached (its
+    count when this client first sent there, plus the answers this client has had since), and
+    :meth:`statistics` reads again until the server's counts have caught up (at most ``settle_timeout``
+    seconds; then it returns them as they are).
     """
 
-    def __init__(self, grpc_url: str, model: str = "pipeline"):
+    def __init__(self, grpc_url: str, model: str = "pipeline", settle_timeout: float = 2.0):
         import tritonclient.grpc as grpcclient  # gRPC only: no gevent, so an interrupted call cannot hang the hub
 
-        self.grpc_url, self.model = grpc_url, model
+        self.grpc_url, self.model, self.settle_timeout = grpc_url, model, settle_timeout
         self._grpc = grpcclient
         self._stream = grpcclient.InferenceServerClient(grpc_url)
         self._types: dict[str, tuple[dict[str, TensorType], dict[str, TensorType]]] = {}
+        self._members: dict[str, list[str]] = {}  # model -> itself and, for an ensemble, its steps' models
+        self._owed: dict[str, int] = {}  # model -> the success count Triton must have reached
+        self._seen: dict[str, int] = {}  # model -> its count when last read
+        self._owed_lock = threading.Lock()  # answers arrive on gRPC's callback thread
 
     def close(self) -> None:
         self._stream.close()
@@ -168,8 +181,27 @@ class TritonClient:
         """``(inputs, outputs)`` of a model: tensor name -> :class:`TensorType`, read from its config."""
         model = model or self.model
         if model not in self._types:
-            self._types[model] = json_tensor_types(self._stream.get_model_config(model, as_json=True)["config"])
+            config = self._stream.get_model_config(model, as_json=True)["config"]
+            self._types[model] = json_tensor_types(config)
+            steps = config.get("ensemble_scheduling", {}).get("step", [])
+            self._members[model] = [model, *dict.fromkeys(step["model_name"] for step in steps)]
+            self._track(self._members[model])
         return self._types[model]
+
+    def _track(self, models: Sequence[str]) -> None:
+        """Start counting what Triton owes for ``models`` from their counts now (those not yet tracked)."""
+        new = [name for name in models if name not in self._owed]
+        if new:
+            counts = {name: stats.requests for name, stats in self._read_statistics().items()}
+            with self._owed_lock:
+                for name in new:
+                    self._owed.setdefault(name, counts.get(name, 0))
+
+    def _answered(self, model: str) -> None:
+        # a successful answer: the model and every member of an ensemble ran it once more
+        with self._owed_lock:
+            for name in self._members.get(model, [model]):
+                self._owed[name] = self._owed.get(name, 0) + 1
 
     def _request(self, model: str, rows: Sequence[Mapping[str, Any]]
                  ) -> tuple[list[Any], list[Any], dict[str, TensorType]]:
@@ -200,7 +232,9 @@ class TritonClient:
         """One request: ``{input name: value}`` -> ``{output name: value}``."""
         model = model or self.model
         tensors, outputs, out_types = self._request(model, [inputs])
-        answers = self._decode_rows(self._stream.infer(model, tensors, outputs=outputs), out_types)
+        result = self._stream.infer(model, tensors, outputs=outputs)
+        self._answered(model)
+        answers = self._decode_rows(result, out_types)
         return answers[0] if answers else {}    # a model without outputs answers nothing
 
     def infer_rows(self, rows: Sequence[Mapping[str, Any]], model: str | None = None) -> list[dict[str, Any]]:
@@ -220,7 +254,9 @@ class TritonClient:
             raise ValueError(f"rows must be a non-empty list of {{input name: value}} dicts, got {rows!r:.80}")
         model = model or self.model
         tensors, outputs, out_types = self._request(model, rows)
-        return self._decode_rows(self._stream.infer(model, tensors, outputs=outputs), out_types)
+        result = self._stream.infer(model, tensors, outputs=outputs)
+        self._answered(model)
+        return self._decode_rows(result, out_types)
 
     def submit(self, inputs: Mapping[str, Any], model: str | None = None) -> Future:
         """Send one request without waiting; the future holds ``{output name: value}`` (or the error)."""
@@ -233,6 +269,7 @@ class TritonClient:
             if error is not None:
                 future.set_exception(request_error(error, model))
             else:
+                self._answered(model)  # before the caller can see the answer and read the counts
                 try:
                     answers = self._decode_rows(result, out_types)
                     future.set_result(answers[0] if answers else {})
@@ -245,8 +282,24 @@ class TritonClient:
     def statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
         """Per-model counters since load: requests, batch-size histogram, queue and compute time.
 
-        Versions of a model are summed unless ``version`` is given.
+        Versions of a model are summed unless ``version`` is given.  Waits (at most ``settle_timeout``
+        seconds) until Triton has counted every answer this client has had (see the class's docstring).
         """
+        deadline = time.monotonic() + self.settle_timeout
+        while True:
+            stats = self._read_statistics(model, version)
+            with self._owed_lock:
+                behind = [name for name, owed in self._owed.items() if name in stats and stats[name].requests < owed]
+                for name in behind:  # a count that went down was reset (the model was reloaded): owed from here
+                    if stats[name].requests < self._seen.get(name, 0):
+                        self._owed[name] = stats[name].requests
+                self._seen.update({name: stats[name].requests for name in self._owed if name in stats})
+                behind = [name for name in behind if stats[name].requests < self._owed[name]]
+            if not behind or version or time.monotonic() >= deadline:
+                return stats
+            time.sleep(0.001)
+
+    def _read_statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
         raw = self._stream.get_inference_statistics(model, version, as_json=True).get("model_stats", [])
         grouped: dict[str, list[ModelStats]] = {}
         for entry in raw:
@@ -256,11 +309,20 @@ class TritonClient:
     def load(self, model: str) -> None:
         """(Re)load a model from the repository (needs ``model_control="explicit"``): new versions and configs."""
         self._stream.load_model(model)
-        self._types.pop(model, None)
+        self._forget(model)
 
     def unload(self, model: str) -> None:
         self._stream.unload_model(model)
+        self._forget(model)
+
+    def _forget(self, model: str) -> None:
+        # A (re)loaded model starts its counters again, and so may every ensemble that Triton reloads with it:
+        # count what is owed afresh, for every model, from their counts now.
         self._types.pop(model, None)
+        counts = {name: stats.requests for name, stats in self._read_statistics().items()}
+        with self._owed_lock:
+            self._owed = {name: counts[name] for name in self._owed if name in counts}
+            self._seen = dict(self._owed)
 
     def ready_versions(self, model: str) -> list[str]:
         """The versions of ``model`` now serving."""
