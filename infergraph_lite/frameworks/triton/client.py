@@ -150,10 +150,13 @@ class TritonClient:
 
     Triton counts a request a moment after its answer has left (a backend reports its statistics after it
     sends the response), so a count read right after an answer can miss it.  The client therefore keeps, for
-    every model it has sent to and every member of such an ensemble, the count Triton must have reached (its
-    count when this client first sent there, plus the answers this client has had since), and
+    every model it has sent to and each step of such an ensemble (not the steps of a nested one), the count it
+    expects: the model's count when the client first read its config (and again after every
+    :meth:`load` / :meth:`unload`, which restart counters), plus the answers this client has had since; and
     :meth:`statistics` reads again until the server's counts have caught up (at most ``settle_timeout``
-    seconds; then it returns them as they are).
+    seconds; then it returns them as they are and expects no more of them).  The expectation is exact when
+    none of this client's requests is in flight at those reads; another client's traffic only makes the wait
+    shorter.
     """
 
     def __init__(self, grpc_url: str, model: str = "pipeline", settle_timeout: float = 2.0):
@@ -167,6 +170,7 @@ class TritonClient:
         self._owed: dict[str, int] = {}  # model -> the success count Triton must have reached
         self._seen: dict[str, int] = {}  # model -> its count when last read
         self._owed_lock = threading.Lock()  # answers arrive on gRPC's callback thread
+        self._first_use = threading.Lock()
 
     def close(self) -> None:
         self._stream.close()
@@ -181,11 +185,13 @@ class TritonClient:
         """``(inputs, outputs)`` of a model: tensor name -> :class:`TensorType`, read from its config."""
         model = model or self.model
         if model not in self._types:
-            config = self._stream.get_model_config(model, as_json=True)["config"]
-            self._types[model] = json_tensor_types(config)
-            steps = config.get("ensemble_scheduling", {}).get("step", [])
-            self._members[model] = [model, *dict.fromkeys(step["model_name"] for step in steps)]
-            self._track(self._members[model])
+            with self._first_use:  # one thread reads the config and the baseline before any sends there
+                if model not in self._types:
+                    config = self._stream.get_model_config(model, as_json=True)["config"]
+                    steps = config.get("ensemble_scheduling", {}).get("step", [])
+                    self._members[model] = [model, *dict.fromkeys(step["model_name"] for step in steps)]
+                    self._track(self._members[model])
+                    self._types[model] = json_tensor_types(config)  # last: other threads send only after this
         return self._types[model]
 
     def _track(self, models: Sequence[str]) -> None:
@@ -196,6 +202,7 @@ class TritonClient:
             with self._owed_lock:
                 for name in new:
                     self._owed.setdefault(name, counts.get(name, 0))
+                    self._seen.setdefault(name, counts.get(name, 0))
 
     def _answered(self, model: str) -> None:
         # a successful answer: the model and every member of an ensemble ran it once more
@@ -282,9 +289,12 @@ class TritonClient:
     def statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
         """Per-model counters since load: requests, batch-size histogram, queue and compute time.
 
-        Versions of a model are summed unless ``version`` is given.  Waits (at most ``settle_timeout``
-        seconds) until Triton has counted every answer this client has had (see the class's docstring).
+        Versions of a model are summed unless ``version`` is given.  Without ``version``, waits (at most
+        ``settle_timeout`` seconds) until Triton's counts have reached what this client expects of them (see the
+        class's docstring).
         """
+        if version:  # what is owed is summed over versions: one version's counts are read as they are
+            return self._read_statistics(model, version)
         deadline = time.monotonic() + self.settle_timeout
         while True:
             stats = self._read_statistics(model, version)
@@ -295,7 +305,12 @@ class TritonClient:
                         self._owed[name] = stats[name].requests
                 self._seen.update({name: stats[name].requests for name in self._owed if name in stats})
                 behind = [name for name in behind if stats[name].requests < self._owed[name]]
-            if not behind or version or time.monotonic() >= deadline:
+                if behind and time.monotonic() >= deadline:
+                    # a baseline read too high (a request counted before it, answered after) would make every
+                    # call wait: after one timeout, what is owed is what Triton counted
+                    self._owed.update({name: stats[name].requests for name in behind})
+                    behind = []
+            if not behind:
                 return stats
             time.sleep(0.001)
 
