@@ -198,7 +198,7 @@ class TritonClient:
         """Start counting what Triton owes for ``models`` from their counts now (those not yet tracked)."""
         new = [name for name in models if name not in self._owed]
         if new:
-            counts = {name: stats.requests for name, stats in self._read_statistics().items()}
+            counts = self._counts()
             with self._owed_lock:
                 for name in new:
                     self._owed.setdefault(name, counts.get(name, 0))
@@ -297,7 +297,7 @@ class TritonClient:
             return self._read_statistics(model, version)
         deadline = time.monotonic() + self.settle_timeout
         while True:
-            stats = self._read_statistics(model, version)
+            stats = self._read_statistics(model)
             with self._owed_lock:
                 behind = [name for name, owed in self._owed.items() if name in stats and stats[name].requests < owed]
                 for name in behind:  # a count that went down was reset (the model was reloaded): owed from here
@@ -313,6 +313,10 @@ class TritonClient:
             if not behind:
                 return stats
             time.sleep(0.001)
+
+    def _counts(self) -> dict[str, int]:
+        """Every model's success count now, read once."""
+        return {name: stats.requests for name, stats in self._read_statistics().items()}
 
     def _read_statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
         raw = self._stream.get_inference_statistics(model, version, as_json=True).get("model_stats", [])
@@ -334,7 +338,7 @@ class TritonClient:
         # A (re)loaded model starts its counters again, and so may every ensemble that Triton reloads with it:
         # count what is owed afresh, for every model, from their counts now.
         self._types.pop(model, None)
-        counts = {name: stats.requests for name, stats in self._read_statistics().items()}
+        counts = self._counts()
         with self._owed_lock:
             self._owed = {name: counts[name] for name in self._owed if name in counts}
             self._seen = dict(self._owed)
