@@ -272,3 +272,51 @@ def test_zz_close_leaves_no_process(served):
     assert not ray.is_initialized()
     left = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert left == []
+
+
+# --- faults while starting, each in a process of its own -------------------------------------------------------
+
+
+def _start_with_fault(fault: str, timeout: float = 120.0) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FAULT_TIMEOUT": str(timeout)}
+    # The child's own bound: start() within `timeout`, close within its 60 s, and Python's start and exit.
+    done = subprocess.run([sys.executable, "-m", "tests.ray_faults", fault], capture_output=True, text=True,
+                          timeout=timeout + 120, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"the fault run printed no result (exit {done.returncode}): {done.stderr[-2000:]}"
+    result = json.loads(lines[-1])
+    assert not [pid for pid in result["roots"] if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], "a process Ray started outlived the run"
+    return result
+
+
+@pytest.mark.ray
+def test_a_raylet_killed_while_starting_fails_the_start_by_name_and_leaves_nothing():
+    # Before: serve.start waited in ray.get for a controller no node could run, with no deadline (issue 37).
+    result = _start_with_fault("kill-raylet")
+    error = result["error"]
+    assert error["type"] == "RayStartError" and error["process"] == "raylet", error
+    assert "raylet" in error["message"] and "SIGKILL" in error["message"], error
+    assert result["seconds"] < 120, "the start ends long before its timeout: at the death, not at the deadline"
+    assert result["left"] == [] and not result["ray_initialized"]
+
+
+@pytest.mark.ray
+def test_a_port_taken_while_starting_is_tried_again_on_fresh_ports():
+    result = _start_with_fault("taken-port")
+    assert result.get("answer") == {"n": 3}, result
+    assert result["picks"] == 2, "the first pick's taken port failed the start, the second pick served"
+    assert result["left"] == []
+
+
+@pytest.mark.ray
+def test_a_start_that_cannot_finish_ends_at_its_timeout_naming_the_step():
+    result = _start_with_fault("never-deploys", timeout=25.0)
+    error = result["error"]
+    assert error["type"] == "RayStartError" and "deploying the graph" in error["message"], error
+    assert 25.0 <= result["seconds"] < 25.0 + 30, "bounded by the timeout (and the stop that follows it)"
+    assert result["left"] == []

@@ -53,8 +53,6 @@ import concurrent.futures  # noqa: E402
 import contextlib  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
-import shutil  # noqa: E402
-import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
@@ -70,6 +68,12 @@ from infergraph_lite.core.autoscaling import AutoscalingConfig  # noqa: E402
 from infergraph_lite.core.execute import NodeError  # noqa: E402
 from infergraph_lite.core.graph import Plan  # noqa: E402
 from infergraph_lite.core.stage import Stage, batch_item, prepare_stages  # noqa: E402
+from infergraph_lite.frameworks.ray_node import (  # noqa: E402
+    LIGHT_IMPORT_STUBS,
+    LocalRayNode,
+    RayStartError,
+    run_watched,
+)
 from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
     ENGINE,
     ServeStage,
@@ -80,7 +84,6 @@ from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
 from infergraph_lite.serving.batcher import QueueFullError  # noqa: E402
 from infergraph_lite.serving.processes import (  # noqa: E402
     Listener,
-    free_ports,
     is_loopback,
     listening_sockets,
     living,
@@ -93,6 +96,7 @@ from infergraph_lite.serving.processes import (  # noqa: E402
 __all__ = [
     "ENGINE",
     "INGRESS_DEPLOYMENT",
+    "LIGHT_IMPORT_STUBS",
     "LOOPBACK_ENV",
     "STAGE_DEPLOYMENT",
     "TESTED_RAY",
@@ -100,6 +104,7 @@ __all__ = [
     "Listener",
     "LoopbackError",
     "RayServeGraph",
+    "RayStartError",
     "ServeStage",
     "StageReplica",
     "autoscaling_config",
@@ -116,18 +121,6 @@ TESTED_RAY = "2.60."
 """The Ray release line whose internals :func:`keep_replica_grpc_on_loopback` was written and tested against."""
 
 SETUP_HOOK = f"{__name__}.keep_replica_grpc_on_loopback"
-LIGHT_IMPORT_STUBS = {
-    # ``import ray`` imports jsonschema, which imports rfc3987_syntax if it is installed (the Jupyter stack
-    # installs it), and that package builds an Earley parser for IRIs at import: about 3 of the 5 CPU-seconds
-    # an ``import ray`` costs (measured), in every Python process Ray starts -- its agents, its dashboard
-    # server, the Serve controller, every replica -- for a format check Ray never asks for.  jsonschema
-    # imports it inside ``suppress(ImportError)``, so a stand-in that raises ImportError only drops that check.
-    "rfc3987_syntax": 'raise ImportError("kept out of the processes Ray starts for a RayServeGraph")\n',
-}
-"""Modules that every process Ray starts for a :class:`RayServeGraph` finds as an ImportError (a folder of
-stand-ins, first on their ``PYTHONPATH``; this interpreter is not affected)."""
-
-
 class LoopbackError(RuntimeError):
     """A process we started listens on an address other than loopback (or loopback could not be ensured)."""
 
@@ -367,8 +360,7 @@ class RayServeGraph:
         self.timings: dict[str, float] = {}
         self._roots: set[int] = set()  # the processes Ray's node records it started
         self._owned: dict[int, None] = {}  # every process found under those roots, in order
-        self._node: Any = None
-        self._site: str | None = None  # the folder of LIGHT_IMPORT_STUBS
+        self._ray: LocalRayNode | None = None
         self._handle: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -388,8 +380,14 @@ class RayServeGraph:
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
-    def start(self) -> RayServeGraph:
-        """Start Ray, deploy the application, and check that every listener is on loopback."""
+    def start(self, attempts: int = 3) -> RayServeGraph:
+        """Start Ray, deploy the application, and check that every listener is on loopback, within ``timeout``.
+
+        Raises :class:`RayStartError` if a process Ray started dies on the way (naming it, quoting its log line)
+        or if the whole start takes longer than ``timeout`` seconds (naming the step); what was started is
+        stopped by PID first.  A start that failed on a port another process took is tried again on fresh ports,
+        up to ``attempts`` times in all, within the same ``timeout``.
+        """
         if ray.is_initialized():
             raise RuntimeError("Ray is already running in this process; RayServeGraph starts and stops its own")
         if ray_constants.ENABLE_RAY_CLUSTER:
@@ -402,98 +400,51 @@ class RayServeGraph:
         if not ray.__version__.startswith(TESTED_RAY):
             raise LoopbackError(f"ray {ray.__version__} is installed; the loopback hook was tested with "
                                 f"{TESTED_RAY}* (requirements.txt pins it)")
+        for name in ("ray", "ray.serve"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         started = time.perf_counter()
-        try:
-            for name in ("ray", "ray.serve"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-            self._init_ray()
-            self.timings["ray_init"] = time.perf_counter() - started
-            serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-            self._handle = serve.run(self.application(), name=self.app_name, route_prefix=None,
-                                     logging_config={"log_level": "WARNING"})
-            self.timings["deploy"] = time.perf_counter() - started
-            self.check_loopback()
-            self._loop = asyncio.new_event_loop()
-            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="ray-serve-graph", daemon=True)
-            self._loop_thread.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def _init_ray(self, attempts: int = 2) -> None:
-        # Why a start used to fail on a busy 2-core machine (ray 2.60, read from its raylet log and source): the
-        # raylet spawns two Python agents (dashboard agent, runtime-env agent) and then *blocks*, before it
-        # registers with the GCS, until each agent has written its port to a file -- a fixed 15 s per port,
-        # after which the raylet aborts ("Timed out waiting for file .../metrics_agent_port_..."); ray.init in
-        # turn gives the raylet a fixed 30 s to register.  Neither window is a setting.  The agents are the
-        # slowest processes to start (each imports much of Ray), and ray.init starts them at the same moment as
-        # three more Python processes (autoscaler monitor, log monitor, dashboard API server) and, once the
-        # raylet is up, one idle worker per CPU, so on cores busy with other work the agents took 20-75 s.
-        # Most of each Python process's start is `import ray`, and most of that (3 of 5 CPU-seconds, measured)
-        # is one package: jsonschema imports rfc3987_syntax, which builds an Earley parser at import.
-        # The fix, in Ray's own parameters: pick the agents' ports here and hand them to the raylet, so it
-        # registers without waiting for any agent (the agents bind them when they are up); start no autoscaler
-        # monitor (one fixed machine: nothing to scale; Serve's autoscaler lives in its controller) and no log
-        # monitor (log_to_driver=False: nobody reads it), nor the idle workers Ray starts ahead (one per CPU,
-        # of no use here: every replica needs our runtime env); and let the raylet wait agent_register_timeout_ms
-        # and worker_register_timeout_seconds (both configurable) up to two minutes for the runtime-env agent a
-        # worker's setup hook needs and for a worker process to start; and keep rfc3987_syntax out of every
-        # process Ray starts (LIGHT_IMPORT_STUBS first on their PYTHONPATH): each of them 3 CPU-seconds cheaper.
-        # A taken port (a race with another process) fails the start; then stop what we started and retry.
+        deadline = time.monotonic() + self.timeout
         for attempt in range(1, attempts + 1):
             try:
-                self._node = self._start_head()
-                ray.init(address=self._node.address, logging_level=logging.WARNING, log_to_driver=False,
-                         _node_ip_address="127.0.0.1", runtime_env={"worker_process_setup_hook": SETUP_HOOK})
-                return
-            except Exception:
-                if attempt == attempts:
+                self._start_once(started, deadline)
+                return self
+            except RayStartError as error:
+                self._stop_ray(min(30.0, max(deadline - time.monotonic(), 5.0)), broken=True)
+                # Only a taken port is worth another try; and only if the first one's driver let go of Ray.
+                if not error.port_taken or attempt == attempts or ray.is_initialized():
                     raise
-                self._stop_ray(timeout=15.0)
+            except BaseException:
+                self.close()
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _start_head(self) -> Any:
-        from ray._private import services
-        from ray._private.node import Node
-        from ray._private.parameter import RayParams
-
-        metrics_agent, agent_listen, runtime_env_agent, metrics_export = free_ports(4)
-        system_config: dict[str, Any] = {
-            "agent_register_timeout_ms": 120_000, "worker_register_timeout_seconds": 120,
-            # no idle workers started ahead: they carry no runtime env, so no replica can use them
-            "enable_worker_prestart": False, "prestart_worker_first_driver": False}
-        options: dict[str, Any] = {"include_log_monitor": False}  # typed str | None in Ray's hints, read as a flag
-        params = RayParams(
-            node_ip_address="127.0.0.1", num_cpus=self.num_cpus, include_dashboard=False, no_monitor=True,
-            metrics_agent_port=metrics_agent, dashboard_agent_listen_port=agent_listen,
-            runtime_env_agent_port=runtime_env_agent, metrics_export_port=metrics_export,
-            _system_config=system_config, **options)
-        # Ray 2.60 gives its agents all four ports but the raylet only three: the raylet has a
-        # --dashboard_agent_listen_port flag that services.start_raylet never passes, so it would still wait
-        # 15 s for that port's file.  Pass it, only to the raylet, only while this node starts.
-        site = self._site = tempfile.mkdtemp(prefix="infergraph-ray-site-")
-        for module, source in LIGHT_IMPORT_STUBS.items():
-            os.makedirs(os.path.join(site, module))
-            with open(os.path.join(site, module, "__init__.py"), "w") as stub:
-                stub.write(source)
-        original = services.start_ray_process
-
-        def start_ray_process(command: list[str], process_type: str, *args: Any, **kwargs: Any) -> Any:
-            if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-                command = [*command, f"--dashboard_agent_listen_port={agent_listen}"]
-            # Every process Ray starts (and the raylet's children: agents, workers) skips rfc3987_syntax's
-            # 3 s-of-CPU import (LIGHT_IMPORT_STUBS): the largest single cost of a start on busy cores.
-            path = os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
-            kwargs["env_updates"] = {**(kwargs.get("env_updates") or {}), "PYTHONPATH": path}
-            return original(command, process_type, *args, **kwargs)
-
-        services.start_ray_process = start_ray_process
-        try:
-            node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=True)
-        finally:
-            services.start_ray_process = original
-        self._roots |= {info.process.pid for infos in node.all_processes.values() for info in infos}
-        return node
+    def _start_once(self, started: float, deadline: float) -> None:
+        # Why each step is watched (ray_node.run_watched): a process of Ray's that dies while it starts is not
+        # reported to the driver -- ray.init may already have returned, and serve.start then waits in ray.get,
+        # with no deadline, for a controller no node can run.  Why the node is started as it is (ports handed to
+        # the raylet, no monitors, no prestarted workers, the light-import stubs): ray_node.LocalRayNode.
+        node = self._ray = LocalRayNode(self.num_cpus)
+        # On this thread: the node's processes share its fate (see run_watched); Ray bounds this step itself
+        # (it waits at most 30 s for its GCS, and the raylet at most agent_register_timeout_ms for an agent).
+        run_watched("starting the head node", node.start, node, deadline, on_this_thread=True)
+        self._roots |= set(node.roots)
+        # On this thread too: ray.init sets up signal handling that only the main thread may, and it gives the
+        # raylet at most 30 s to register.  The steps after it wait in ray.get with no deadline: on a helper thread.
+        run_watched("connecting this driver (ray.init)", lambda: ray.init(
+            address=node.node.address, logging_level=logging.WARNING, log_to_driver=False,
+            _node_ip_address="127.0.0.1", runtime_env={"worker_process_setup_hook": SETUP_HOOK}),
+            node, deadline, on_this_thread=True)
+        self.timings["ray_init"] = time.perf_counter() - started
+        run_watched("starting Serve's controller (serve.start)", lambda: serve.start(
+            proxy_location="Disabled", logging_config={"log_level": "WARNING"}), node, deadline)
+        self._handle = run_watched("deploying the graph (serve.run)", lambda: serve.run(
+            self.application(), name=self.app_name, route_prefix=None,
+            logging_config={"log_level": "WARNING"}), node, deadline)
+        self.timings["deploy"] = time.perf_counter() - started
+        self.check_loopback()
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="ray-serve-graph", daemon=True)
+        self._loop_thread.start()
 
     def started_pids(self) -> list[int]:
         """The PIDs of every process Ray started for this graph that is still alive.
@@ -540,31 +491,37 @@ class RayServeGraph:
             self._loop_thread = None
         return self._stop_ray(max(deadline - time.monotonic(), 1.0))
 
-    def _stop_ray(self, timeout: float) -> list[int]:
+    def _stop_ray(self, timeout: float, *, broken: bool = False) -> list[int]:
         # serve.shutdown and ray.shutdown have no timeout of their own: run them on a helper thread and give up
-        # waiting at the deadline; then every process Ray started is stopped by its PID.
+        # waiting at the deadline; then every process Ray started is stopped by its PID.  A node that broke while
+        # starting (broken=True) is stopped by PID first, and Serve is not asked to shut down: it would wait for
+        # a controller that is not there, and a driver still waiting on it would keep ray.shutdown from finishing.
         deadline = time.monotonic() + timeout
+        if self._ray is not None:
+            self._roots |= set(self._ray.roots)  # a node that failed while starting: what it had spawned so far
         pids = self.started_pids()
-        node, self._node = self._node, None
+        node, self._ray = self._ray, None
+        if broken:
+            stop_processes(pids, timeout=0.0, signal_wait=min(3.0, timeout / 4))
 
         def shut_down() -> None:
             if ray.is_initialized():
-                with contextlib.suppress(Exception):  # Serve may be half started after a failed start
-                    serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
+                if not broken:
+                    with contextlib.suppress(Exception):
+                        serve.shutdown()  # deletes the app and stops Serve's handles before their cluster goes away
                 with contextlib.suppress(Exception):
                     ray.shutdown()  # disconnects this driver
             if node is not None:
                 with contextlib.suppress(Exception):
-                    node.kill_all_processes(check_alive=False, allow_graceful=True, wait=True)
+                    node.stop()
 
         worker = threading.Thread(target=shut_down, name="ray-serve-graph-close", daemon=True)
         worker.start()
         worker.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
         stopped = stop_processes(pids, **within(deadline - time.monotonic()))
         self._roots, self._owned = set(), {}
-        if self._site is not None:
-            shutil.rmtree(self._site, ignore_errors=True)
-            self._site = None
+        if node is not None:
+            node.remove_site()
         return stopped
 
     def __enter__(self) -> RayServeGraph:

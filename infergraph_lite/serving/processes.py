@@ -11,14 +11,17 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import random
 import socket
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import psutil
 
-__all__ = ["Listener", "free_ports", "is_loopback", "listening_sockets", "living", "owned_processes", "process_tree",
-           "stop_processes", "within"]
+__all__ = ["Listener", "ephemeral_port_range", "free_ports", "is_loopback", "listening_sockets", "living",
+           "owned_processes", "process_tree", "stop_processes", "within"]
 
 
 class Listener(NamedTuple):
@@ -128,22 +131,68 @@ def owned_processes(roots: Iterable[int]) -> list[int]:
     return list(found)
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range ``(low, high)``, inclusive: where a bind to port 0, and every outgoing
+    connection, takes its port.  Read from Linux's ``ip_local_port_range`` or macOS's ``sysctl``; else IANA's.
+
+    >>> low, high = ephemeral_port_range()
+    >>> 1024 < low < high <= 65535
+    True
+    """
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = map(int, f.read().split())
+        return low, high
+    if sys.platform == "darwin":
+        with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+            out = subprocess.run(["sysctl", "-n", "net.inet.ip.portrange.first", "net.inet.ip.portrange.last"],
+                                 capture_output=True, text=True, timeout=5, check=True).stdout.split()
+            return int(out[0]), int(out[1])
+    return 49152, 65535
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, below_ephemeral: bool = False) -> list[int]:
     """``count`` distinct TCP ports on ``host`` that were free a moment ago.
 
     Another process can take one before the caller binds it (a race no pick can close): a server that
     starts on picked ports must retry on a taken one (see :class:`~infergraph_lite.frameworks.triton.TritonServer`).
+    By default the kernel picks them (a bind to port 0), so they come from its ephemeral range -- the range every
+    outgoing connection and every other port-0 listener on the machine draws from too, so the server's own
+    processes, starting at the same moment, can take them.  ``below_ephemeral=True`` picks them at random
+    between 20000 and the ephemeral range's start instead (each checked free by a bind), where only a process
+    that names that very port can take it.
 
     >>> ports = free_ports(3)
     >>> len(set(ports)), all(1024 <= p < 65536 for p in ports)
     (3, True)
+    >>> low, _ = ephemeral_port_range()
+    >>> all(20000 <= p < low for p in free_ports(4, below_ephemeral=True))
+    True
     """
-    sockets = []
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
+        if not below_ephemeral:
+            for _ in range(count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind((host, 0))
+                sockets.append(s)
+        else:
+            low = ephemeral_port_range()[0]
+            # 20000 and up: clear of the ports servers are commonly configured on and of Ray's default worker
+            # port range (10002-19999, used by `ray start`).
+            candidates = list(range(20000, low))
+            random.shuffle(candidates)
+            for port in candidates:
+                if len(sockets) == count:
+                    break
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    s.close()
+                    continue
+                sockets.append(s)
+            if len(sockets) < count:
+                raise OSError(f"found only {len(sockets)} of {count} free ports between 20000 and {low} on {host}")
         return [s.getsockname()[1] for s in sockets]
     finally:
         for s in sockets:
