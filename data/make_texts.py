@@ -3,7 +3,7 @@
 Made for this project (nothing downloaded): sentences are assembled from
 phrase lists with a seeded RNG, so re-running this script writes the same file.
 About one line in eight is "mixed" (a positive and a negative clause); its
-label follows the last clause, which a bag-of-words model cannot always see,
+label follows the last clause, which a bag of words and word pairs cannot always see,
 so the models of notebook 01 make some honest mistakes.
 
     python data/make_texts.py      # rewrites data/texts.tsv

@@ -185,6 +185,28 @@ def test_find_cycle_nodes_rejects_leftover_nodes_and_reversed_order():
     assert_wrong(lesson02.check_find_cycle_nodes(reversed_cycle), "data-flow order")
 
 
+def test_find_cycle_nodes_rejects_a_recursive_search_on_the_lessons_ring():
+    def recursive(nodes):  # right on small graphs, but one Python call per node on the path
+        state: dict[str, str] = {}
+
+        def visit(name, path):
+            state[name] = "active"
+            path.append(name)
+            for dep in nodes[name][1]:
+                if dep in nodes and state.get(dep) == "active":
+                    return path[path.index(dep):][::-1]
+                if dep in nodes and dep not in state and (cycle := visit(dep, path)):
+                    return cycle
+            path.pop()
+            state[name] = "done"
+            return None
+
+        return next((cycle for name in nodes if name not in state and (cycle := visit(name, []))), None)
+
+    assert sorted(recursive({"a": (None, ["b"]), "b": (None, ["a"])})) == ["a", "b"]
+    assert_wrong(lesson02.check_find_cycle_nodes(recursive), "50,000 nodes", "recursion limit")
+
+
 def test_missing_dependencies_rejects_first_only_and_counting_nodes_as_missing():
     def first_only(nodes, inputs):
         for name, (_, deps) in nodes.items():

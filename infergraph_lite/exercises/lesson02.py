@@ -8,6 +8,7 @@ Light on purpose: it imports the core graph code and the seed example only, neve
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ def _runnable(shape: dict) -> dict:
 
 @checker
 def check_run_graph_with_levels(run_graph_with_levels: Callable[[dict, dict], tuple[dict, list]]) -> str:
-    """Exercise 02.1: run a graph and record which nodes could have run in parallel (its levels)."""
+    """Exercise 2.2: run a graph and record which nodes could have run in parallel (its levels)."""
     for label, (shape, inputs) in DAG_SHAPES.items():
         nodes, values = _runnable(shape), dict.fromkeys(inputs, 0)
         results, found = run_graph_with_levels(nodes, values)
@@ -45,6 +46,9 @@ def check_run_graph_with_levels(run_graph_with_levels: Callable[[dict, dict], tu
     return "results and levels both match."
 
 
+RING_SIZE = 50_000
+"""The ring of notebook 02's cycle section: one cycle through every node, far past the recursion limit."""
+
 _CYCLIC = {
     "self-loop": {"a": (None, ["a"])},
     "3-cycle with a tail in and out": {"in": (None, []), "a": (None, ["in", "c"]), "b": (None, ["a"]),
@@ -55,7 +59,11 @@ _CYCLIC = {
 
 @checker
 def check_find_cycle_nodes(find_cycle_nodes: Callable[[dict], list[str] | None]) -> str:
-    """Exercise 02.2: report the nodes of one cycle, in data-flow order (any starting node)."""
+    """Exercise 2.3: report the nodes of one cycle, in data-flow order (any starting node).
+
+    Last, a ring of 50,000 nodes, as in the lesson: far past Python's recursion limit, so a recursive
+    depth-first search fails there (walk the path with a loop and a stack of your own).
+    """
     for label, (shape, _) in DAG_SHAPES.items():
         require(find_cycle_nodes(shape) is None, f"the {label} graph has no cycle, but you returned "
                                                  f"{find_cycle_nodes(shape)!r}")
@@ -68,12 +76,23 @@ def check_find_cycle_nodes(find_cycle_nodes: Callable[[dict], list[str] | None])
             require(b in nodes and a in nodes[b][1],
                     f"on the {label} graph {cycle} is not a cycle in data-flow order: {b!r} does not depend on "
                     f"{a!r} (nodes that only lead into or out of a cycle are not part of it)")
-    return "cycles found and reported in data-flow order; DAGs pass."
+    ring = {f"n{i}": (None, [f"n{(i + 1) % RING_SIZE}"]) for i in range(RING_SIZE)}  # the lesson's ring
+    try:
+        cycle = find_cycle_nodes(ring)
+    except RecursionError:
+        raise WrongAnswer(f"on a ring of {RING_SIZE:,} nodes your search ran past Python's recursion limit "
+                          f"({sys.getrecursionlimit():,} calls deep): keep the path in a list of your own and loop, "
+                          "instead of calling the search from itself") from None
+    found = f"{len(cycle):,} nodes" if isinstance(cycle, list) else repr(cycle)
+    require(isinstance(cycle, list) and sorted(cycle) == sorted(ring)
+            and all(a in ring[b][1] for a, b in zip(cycle, cycle[1:] + cycle[:1])),
+            f"on a ring of {RING_SIZE:,} nodes the cycle is all of them, in data-flow order; you returned {found}")
+    return f"cycles found and reported in data-flow order, also around a ring of {RING_SIZE:,} nodes; DAGs pass."
 
 
 @checker
 def check_missing_dependencies(missing_dependencies: Callable[[dict, Any], dict]) -> str:
-    """Exercise 02.3: every missing dependency of every node at once."""
+    """Exercise 2.1: every missing dependency of every node at once."""
     nodes = {"a": (None, ["x", "typo"]), "b": (None, ["a", "modelC", "typo"]), "c": (None, ["a"])}
     found = missing_dependencies(nodes, ["x"])
     expected = {"a": ["typo"], "b": ["modelC", "typo"]}
@@ -85,7 +104,7 @@ def check_missing_dependencies(missing_dependencies: Callable[[dict, Any], dict]
 
 @checker
 def check_run_only_needed(run_only_needed: Callable[[dict, Mapping[str, Any], list], dict]) -> str:
-    """Exercise 02.4 (stretch): compute only what the wanted outputs need."""
+    """Exercise 2.4 (stretch): compute only what the wanted outputs need."""
     calls: list[str] = []
 
     def spy(name: str, func: Callable) -> Callable:

@@ -22,7 +22,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from infergraph_lite.core.graph import Graph, levels
 
-__all__ = ["draw_levels", "plain_log_ticks", "plot_timeline", "show_source", "to_networkx"]
+__all__ = ["draw_levels", "edge_crossings", "plain_log_ticks", "plot_timeline", "show_source", "to_networkx"]
 
 
 def show_source(obj: Any) -> Any:
@@ -65,88 +65,173 @@ _BOX_HEIGHT = 0.44
 """Height of a node's box in row units (rows are 1 apart, so a gap of 0.56 stays free between boxes)."""
 
 
+Item = str | tuple[str, str, int]
+"""What stands in a column while ordering it: a node, or a waypoint ``(u, v, x)`` of an edge that skips column x."""
+
+
 class _Layout(NamedTuple):
-    """Where :func:`draw_levels` puts things, in data coordinates: one column per level, one row per node."""
+    """Where :func:`draw_levels` puts things, in data coordinates: one column per level, one row per node.
+
+    ``lanes[u, v]`` is the height at which an edge that skips columns passes each column between its ends, in a
+    free lane between two boxes (or above or below them all).
+    """
 
     columns: list[list[str]]
     centre: dict[str, tuple[float, float]]
     box_width: float
+    lanes: dict[tuple[str, str], list[float]]
 
 
 def _layout(nodes: Graph, inputs: list[str]) -> _Layout:
-    by_level = levels(nodes, inputs)
+    """Columns by level, each ordered to keep its edges from crossing (Sugiyama et al.'s layered drawing, 1981).
+
+    An edge that skips columns gets a waypoint in each column it passes, ordered with the nodes, so that
+    every edge joins neighbouring columns.  Then barycenter sweeps: sort each column by the mean position of
+    its items' neighbours in the column before it (left to right), then in the column after it (right to
+    left), and keep the order whose edges cross the fewest times.
+    """
     g = to_networkx(nodes, inputs)
-    columns = [sorted(inputs)]
-    row: dict[str, float] = {name: i for i, name in enumerate(columns[0])}
-    for names in by_level:
-        # Order each column by the mean row of its parents: fewer crossing edges.
-        column = sorted(names, key=lambda n: (sum(row[p] for p in g.pred[n]) / max(len(g.pred[n]), 1), n))
-        row.update({name: i for i, name in enumerate(column)})
-        columns.append(column)
-    centre = {name: (float(x), (len(column) - 1) / 2 - i) for x, column in enumerate(columns)
-              for i, name in enumerate(column)}
+    names = [sorted(inputs), *levels(nodes, inputs)]
+    at = {name: x for x, column in enumerate(names) for name in column}
+    columns: list[list[Item]] = [list(column) for column in names]
+    left: dict[Item, list[Item]] = {name: [] for name in at}
+    right: dict[Item, list[Item]] = {name: [] for name in at}
+    for u, v in g.edges:
+        waypoints: list[Item] = []
+        for x in range(at[u] + 1, at[v]):  # one waypoint in each column between
+            waypoints.append((u, v, x))
+            columns[x].append((u, v, x))
+        for a, b in itertools.pairwise([u, *waypoints, v]):
+            right.setdefault(a, []).append(b)
+            left.setdefault(b, []).append(a)
+    best = [list(column) for column in columns]
+    fewest = _order_crossings(best, right)
+    for sweep in range(8):
+        forward = sweep % 2 == 0
+        for x in range(1, len(columns)) if forward else range(len(columns) - 2, -1, -1):
+            beside = {item: i for i, item in enumerate(columns[x - 1 if forward else x + 1])}
+            links = left if forward else right
+            here = {item: i for i, item in enumerate(columns[x])}
+            columns[x].sort(key=lambda item: sum(beside[n] for n in links[item]) / len(links[item])
+                            if links[item] else here[item])
+        if (count := _order_crossings(columns, right)) < fewest:
+            best, fewest = [list(column) for column in columns], count
+    return _placed(best)
+
+
+def _order_crossings(columns: list[list[Item]], right: Mapping[Item, list[Item]]) -> int:
+    """Crossings between neighbouring columns in this order: pairs of edges whose ends come in opposite orders.
+
+    >>> _order_crossings([["x", "y"], ["a", "b"]], {"x": ["a", "b"], "y": ["a", "b"]})  # K(2,2) crosses once
+    1
+    """
+    total = 0
+    for here, after in itertools.pairwise(columns):
+        position = {item: i for i, item in enumerate(after)}
+        ends = [(i, position[b]) for i, a in enumerate(here) for b in right.get(a, []) if b in position]
+        total += sum((a1 - a2) * (b1 - b2) < 0 for (a1, b1), (a2, b2) in itertools.combinations(ends, 2))
+    return total
+
+
+def _placed(columns: list[list[Item]]) -> _Layout:
+    """Rows for the nodes (each column centred, 1 apart) and lanes for the waypoints between them."""
+    real = [[item for item in column if isinstance(item, str)] for column in columns]
+    centre = {name: (float(x), (len(names) - 1) / 2 - i)
+              for x, names in enumerate(real) for i, name in enumerate(names)}
+    lanes: dict[tuple[str, str], list[float]] = {}
+    for column in columns:
+        # The waypoints between the same two boxes (or above or below them all) share that lane, spread a
+        # little so that their lines stay apart.
+        above: str | None = None
+        group: list[tuple[str, str, int]] = []
+        for item in [*column, None]:
+            if isinstance(item, tuple):
+                group.append(item)
+                continue
+            if group:
+                if above is not None and item is not None:
+                    y = (centre[above][1] + centre[item][1]) / 2
+                else:
+                    y = centre[item][1] + 0.5 if item is not None else centre[str(above)][1] - 0.5
+                step = min(0.1, 0.36 / len(group))
+                for i, (u, v, _) in enumerate(group):
+                    lanes.setdefault((u, v), []).append(y + ((len(group) - 1) / 2 - i) * step)
+            above, group = item, []
     longest = max(len(name) for name in centre)
     # A column is _COLUMN_INCHES wide; a label of n characters at 8 pt needs about 0.085 n + 0.3 inches.
     box_width = min(0.8, (0.085 * longest + 0.3) / _column_inches(longest))
-    return _Layout(columns, centre, box_width)
+    return _Layout(real, centre, box_width, lanes)
 
 
 def _column_inches(longest_label: int) -> float:
     return max(2.1, 0.085 * longest_label + 1.0)
 
 
-def _gaps(column: list[str], centre: Mapping[str, tuple[float, float]]) -> list[float]:
-    """The y of every free lane through a column: between two boxes, and above and below them all."""
-    ys = sorted(centre[name][1] for name in column)
-    return [ys[0] - 0.5, *((a + b) / 2 for a, b in itertools.pairwise(ys)), ys[-1] + 0.5]
+def _routes(layout: _Layout, g: nx.DiGraph) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Every edge's polyline: from the right side of its source's box to the left side of its target's.
 
-
-def _edge_route(layout: _Layout, source: str, target: str, y_start: float, y_end: float) -> list[tuple[float, float]]:
-    """The polyline of one edge, from the right side of ``source``'s box to the left side of ``target``'s.
-
-    An edge between neighbouring columns is straight: nothing stands between
-    two columns.  An edge that skips columns stays straight if that clears
-    every box in between; otherwise it crosses each column in the free lane
-    nearest its straight line, so it never runs through another node's box.
+    An edge between neighbouring columns is straight: nothing stands between two columns.  An edge that skips
+    columns crosses each of them in its lane, so it never runs through another node's box.  Where the edges
+    leave (or enter) one box they are spread over its side in the order of where they go next (or come
+    from), so that they do not cross each other there.
     """
     half = layout.box_width / 2
-    (x0, _), (x1, _) = layout.centre[source], layout.centre[target]
-    start, end = (x0 + half, y_start), (x1 - half, y_end)
-    between = [int(x) for x in range(int(x0) + 1, int(x1))]
-    boxes = [_box(layout, name) for x in between for name in layout.columns[x]]
-    if not any(_segment_hits_box(start, end, box) for box in boxes):
-        return [start, end]
-    route = [start]
-    for x in between:
-        y_line = y_start + (y_end - y_start) * (x - x0) / (x1 - x0)
-        lane = min(_gaps(layout.columns[x], layout.centre), key=lambda y: (abs(y - y_line), y))
-        route += [(x - half, lane), (x + half, lane)]
-    return [*route, end]
+    inner = {(u, v): [p for x, y in zip(range(int(layout.centre[u][0]) + 1, int(layout.centre[v][0])),
+                                         layout.lanes.get((u, v), []))
+                      for p in ((x - half, y), (x + half, y))] for u, v in g.edges}
+
+    def next_y(edge: tuple[str, str], towards: int) -> float:
+        points = inner[edge]
+        return points[0 if towards else -1][1] if points else layout.centre[edge[towards]][1]
+
+    def spread(edges: list[tuple[str, str]], towards: int) -> dict[tuple[str, str], float]:
+        edges = sorted(edges, key=lambda e: (-next_y(e, towards), -layout.centre[e[towards]][1]))
+        step = 0.6 * _BOX_HEIGHT / max(len(edges), 1)
+        return {e: (len(edges) - 1) / 2 * step - i * step for i, e in enumerate(edges)}
+
+    leave: dict[tuple[str, str], float] = {}
+    enter: dict[tuple[str, str], float] = {}
+    for name in g:
+        leave.update(spread(list(g.out_edges(name)), towards=1))
+        enter.update(spread(list(g.in_edges(name)), towards=0))
+    routes = {}
+    for u, v in g.edges:
+        (x0, y0), (x1, y1) = layout.centre[u], layout.centre[v]
+        routes[u, v] = [(x0 + half, y0 + leave[u, v]), *inner[u, v], (x1 - half, y1 + enter[u, v])]
+    return routes
+
+
+def edge_crossings(nodes: Graph, inputs: Iterable[str] = ()) -> int:
+    """How many times two edges cross in :func:`draw_levels`' drawing of ``nodes``.
+
+    Two nodes that both feed the same two nodes force one crossing, whatever the order:
+
+    >>> edge_crossings({"a": (None, ["x", "y"]), "b": (None, ["x", "y"])}, ["x", "y"])
+    1
+    """
+    inputs = list(inputs) or sorted({d for _, deps in nodes.values() for d in deps if d not in nodes})
+    segments = [(edge, p, q) for edge, route in _routes(_layout(nodes, inputs), to_networkx(nodes, inputs)).items()
+                for p, q in itertools.pairwise(route)]
+    return sum(e != f and _segments_cross(p, q, r, s) for (e, p, q), (f, r, s) in itertools.combinations(segments, 2))
+
+
+def _segments_cross(p: tuple[float, float], q: tuple[float, float], r: tuple[float, float],
+                    s: tuple[float, float]) -> bool:
+    """Whether segments p-q and r-s cross at a point inside both (segments that touch or overlap do not).
+
+    >>> _segments_cross((0, 0), (2, 2), (0, 2), (2, 0)), _segments_cross((0, 0), (1, 0), (1, 0), (2, 1))
+    (True, False)
+    """
+    def side(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> float:
+        return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+    return side(r, s, p) * side(r, s, q) < -1e-12 and side(p, q, r) * side(p, q, s) < -1e-12
 
 
 def _box(layout: _Layout, name: str) -> tuple[float, float, float, float]:
     """``(left, bottom, right, top)`` of a node's box."""
     x, y = layout.centre[name]
     return (x - layout.box_width / 2, y - _BOX_HEIGHT / 2, x + layout.box_width / 2, y + _BOX_HEIGHT / 2)
-
-
-def _segment_hits_box(p: tuple[float, float], q: tuple[float, float], box: tuple[float, float, float, float]) -> bool:
-    """Whether the segment ``p``-``q`` passes through the inside of ``box`` (Liang-Barsky clipping).
-
-    >>> _segment_hits_box((0, 0), (2, 2), (0.5, 0.5, 1.5, 1.5)), _segment_hits_box((0, 2), (2, 2), (0, 0, 1, 1))
-    (True, False)
-    """
-    (px, py), (qx, qy) = p, q
-    left, bottom, right, top = box
-    t0, t1 = 0.0, 1.0
-    for delta, low, high, start in ((qx - px, left, right, px), (qy - py, bottom, top, py)):
-        if delta == 0:
-            if not low < start < high:
-                return False
-            continue
-        a, b = (low - start) / delta, (high - start) / delta
-        t0, t1 = max(t0, min(a, b)), min(t1, max(a, b))
-    return t1 - t0 > 1e-9
 
 
 def draw_levels(
@@ -160,11 +245,13 @@ def draw_levels(
     """Draw the DAG with one column per level, nodes coloured by level.
 
     Inputs sit in their own grey column on the left.  ``highlight`` is a path
-    (say, the critical path) whose nodes and edges are drawn in red.  Every
-    edge runs from the right side of its source's box to an arrowhead on the
-    left side of its target's box; an edge that skips a level is routed
-    through the free lanes between the boxes it passes, so it never runs
-    through another node (each edge is a line with ``gid`` ``"edge:a->b"``,
+    (say, the critical path) whose nodes and edges are drawn in red.  Within
+    each column the boxes are ordered so that edges cross as little as the
+    sweeps of :func:`_layout` can make them (:func:`edge_crossings` counts
+    what is left).  Every edge runs from the right side of its source's box
+    to an arrowhead on the left side of its target's box; an edge that skips
+    a level is routed through the free lanes between the boxes it passes, so
+    it never runs through another node (each edge is a line with ``gid`` ``"edge:a->b"``,
     each box a patch with ``gid`` ``"node:name"``, for tests and restyling).
 
     >>> ax = draw_levels({"pre": (None, ["x"]), "model": (None, ["pre"])}, ["x"])
@@ -184,22 +271,11 @@ def draw_levels(
     on_path = set(highlight)
     path_edges = set(itertools.pairwise(highlight))
 
-    # Where each edge leaves and enters a box: spread over the box's side, ordered top to bottom so that
-    # edges into (or out of) one node do not cross each other there.
-    def spread(edges: list[tuple[str, str]], other: int) -> dict[tuple[str, str], float]:
-        edges = sorted(edges, key=lambda e: (-layout.centre[e[other]][1], layout.centre[e[other]][0]))
-        step = 0.6 * _BOX_HEIGHT / max(len(edges), 1)
-        return {e: (len(edges) - 1) / 2 * step - i * step for i, e in enumerate(edges)}
-
-    leave: dict[tuple[str, str], float] = {}
-    enter: dict[tuple[str, str], float] = {}
-    for name in g:
-        leave.update(spread(list(g.out_edges(name)), other=1))
-        enter.update(spread(list(g.in_edges(name)), other=0))
+    routes = _routes(layout, g)
     for u, v in g.edges:
         red = (u, v) in path_edges
         colour, width_pt = ("tab:red", 2.6) if red else ("0.55", 1.1)
-        route = _edge_route(layout, u, v, layout.centre[u][1] + leave[u, v], layout.centre[v][1] + enter[u, v])
+        route = routes[u, v]
         xs, ys = zip(*route)
         ax.plot(xs, ys, color=colour, linewidth=width_pt, zorder=2 if red else 1, gid=f"edge:{u}->{v}",
                 solid_joinstyle="round")
