@@ -6,6 +6,7 @@ Kept apart from the test modules so that a worker imports only this (and the pac
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,32 @@ def exit_on(items: list[int], bad: int) -> list[int]:
     if bad in items:
         os._exit(3)
     return items
+
+
+def complain_and_exit(items: list[int], bad: int) -> list[int]:
+    """The worker process says why on its stderr, then exits (code 3), in the middle of a batch holding ``bad``."""
+    if bad in items:
+        print(f"fatal: item {bad} corrupted the model's memory", file=sys.stderr, flush=True)
+        os._exit(3)
+    return items
+
+
+def _die_loading(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+    os._exit(4)
+
+
+class DiesWhenLoaded:
+    """A stage function whose worker process dies while loading it: unpickling prints ``message`` and exits (4)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __call__(self, items: list[Any]) -> list[Any]:
+        return items
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _die_loading, (self.message,)
 
 
 def unpicklable_answers(items: list[Any]) -> list[Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import time
 
 import numpy as np
 import psutil
@@ -164,6 +166,7 @@ def test_a_failing_stage_is_named_whatever_it_raises_and_a_crash_too():
         with pytest.raises(NodeError) as caught:
             cluster.submit({"text": "crash"}).result(timeout=90)
         assert caught.value.node == "fault" and type(caught.value.__cause__).__name__ == "KilledWorker"
+        assert re.search(r"\(Worker process \d+ exited with status 3\)$", str(caught.value)), "which process, how"
         # The nanny restarts the worker; the cluster answers again, and the new worker is counted as ours.
         assert cluster.submit({"text": "again"}).result(timeout=90)["post"] == 6
         assert set(cluster.started_pids()) - set(first), "the restarted worker is a new process of this cluster"
@@ -171,9 +174,30 @@ def test_a_failing_stage_is_named_whatever_it_raises_and_a_crash_too():
     assert _alive(first) == []
 
 
-def test_close_ends_a_request_in_flight_and_returns_within_its_timeout():
-    import time
+def test_a_request_past_its_timeout_fails_naming_the_node_still_running():
+    with DaskGraphCluster(_faulty_stages(), inputs=["text"], n_workers=1, request_timeout=0.5) as cluster:
+        began = time.monotonic()
+        with pytest.raises(NodeError, match=r"node 'fault' failed: TimeoutError: .*request_timeout=0\.5 s"):
+            cluster.submit({"text": "sleep3"}).result(timeout=60)
+        assert time.monotonic() - began < 5, "failed at its deadline, not when the task ended"
 
+
+def test_a_worker_that_dies_while_the_cluster_starts_is_named_and_nothing_is_left(tmp_path):
+    import dask
+
+    crash = tmp_path / "crash_preload.py"  # a worker preload: runs in each worker process as it starts
+    crash.write_text("import os, sys\nprint('fatal: no GPU', file=sys.stderr, flush=True)\nos._exit(3)\n")
+    before = set(descendants(os.getpid()))
+    cluster = DaskGraphCluster(banana_nodes(), inputs=["text"], n_workers=1)
+    began = time.monotonic()
+    with dask.config.set({"distributed.worker.preload": [str(crash)]}), \
+            pytest.raises(RuntimeError, match=r"cluster did not start: .*\(Worker process \d+ exited with status 3\)"):
+        cluster.start()
+    assert time.monotonic() - began < 20, "noticed at the death, not at a timeout"
+    assert cluster.client is None and _alive(set(descendants(os.getpid())) - before) == []
+
+
+def test_close_ends_a_request_in_flight_and_returns_within_its_timeout():
     cluster = DaskGraphCluster(_faulty_stages(), inputs=["text"], n_workers=1, max_requests=1).start()
     pids = cluster.started_pids()
     slow = cluster.submit({"text": "sleep60"})  # runs on the worker for a minute

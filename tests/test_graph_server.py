@@ -415,6 +415,30 @@ def test_a_worker_that_exits_and_cannot_be_replaced_marks_its_stage_failed(monke
         assert "the stage is failed" in str(caught.value.__cause__)
 
 
+def test_a_worker_that_dies_mid_batch_is_named_with_the_last_line_of_its_stderr(no_process_left):
+    stages = {"risky": (Stage(fn=functools.partial(stage_fns.complain_and_exit, bad=7)), ["request"])}
+    with GraphServer(stages, workers="processes") as server:
+        [pid] = server.worker_pids["risky"]
+        began = time.monotonic()
+        with pytest.raises(NodeError, match="'risky'") as caught:
+            server.submit({"request": 7}).result(timeout=60)
+        assert time.monotonic() - began < 10, "the death was noticed at once"
+        cause = caught.value.__cause__
+        assert isinstance(cause, WorkerDiedError) and (cause.pid, cause.exitcode) == (pid, 3)
+        assert cause.log_line == "fatal: item 7 corrupted the model's memory" and cause.log_line in str(cause)
+        assert server.submit({"request": 1}).result(timeout=60) == {"risky": 1}  # its replacement answers
+
+
+def test_a_worker_that_dies_while_starting_is_named_with_its_stderr_and_nothing_is_left(no_process_left):
+    stages = {"pre": (Stage(fn=stage_fns.add_pairs), ["a", "b"]),
+              "load": (Stage(fn=stage_fns.DiesWhenLoaded("fatal: cannot map the weights")), ["pre"])}
+    began = time.monotonic()
+    died = r"stage 'load': worker process \d+ exited while starting \(exit code 4\); its stderr ends: 'fatal: cannot"
+    with pytest.raises(WorkerDiedError, match=died):
+        GraphServer(stages, inputs=["a", "b"], workers="processes")
+    assert time.monotonic() - began < 20, "noticed at the death, not at the 60 s start_timeout"
+
+
 def test_close_is_bounded_with_a_batch_that_never_ends_and_stops_the_worker_by_pid(tmp_path, no_process_left):
     started = tmp_path / "started"
     fn = functools.partial(stage_fns.wait_for_file, started=str(started), release=str(tmp_path / "never"))

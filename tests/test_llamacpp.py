@@ -199,8 +199,35 @@ def test_a_server_that_dies_mid_stream_fails_the_request_instead_of_hanging(mode
         while server.busy_slots() == 0 and not future.done():
             time.sleep(0.005)
         server.close()
-        with pytest.raises(RequestError):
+        with pytest.raises(RequestError, match=r"llama\.cpp server \(pid \d+\) was stopped"):
             future.result(timeout=60)
+
+
+def test_a_server_killed_mid_stream_fails_every_open_request_naming_its_death_and_leaves_nothing(model):
+    # SIGKILL, not close(): no clean shutdown, the process's sockets just close under the open streams.
+    before = own_processes()
+    server = LlamaCppServer(model, n_parallel=4, n_ctx=4 * 512, threads=1)
+    pid = server.pid
+    try:
+        with server.client(n_predict=400, timeout=60) as client:
+            futures = [client.submit(CompletionRequest(prompt_of(4), 400)) for _ in range(4)]
+            deadline = time.monotonic() + 60
+            while not all(s["is_processing"] and s.get("next_token", [{}])[0].get("n_decoded", 0) > 0
+                          for s in server.slots()):        # every request has streamed a token: mid-stream
+                assert time.monotonic() < deadline and not any(f.done() for f in futures), "the streams never began"
+                time.sleep(0.005)
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            died = rf"llama\.cpp server \(pid {pid}\) died \(killed by SIGKILL\); its log ends: '.+'"
+            for future in futures:
+                with pytest.raises(RequestError, match=died):
+                    future.result(timeout=30)
+            assert time.monotonic() - killed < 5, "each open request failed at once, not at its 60 s timeout"
+            with pytest.raises(RequestError, match=died):
+                client.complete("a request sent after the death")
+    finally:
+        server.close()
+    assert not psutil.pid_exists(pid) and own_processes() <= before
 
 
 # --- named start-up errors --------------------------------------------------------------------------------------
@@ -230,6 +257,25 @@ def test_a_model_llama_cpp_cannot_load_is_named_from_its_log(model, tmp_path, mo
     with pytest.raises(ModelLoadError, match="could not load the model"):
         LlamaCppServer(broken, threads=1)
     assert own_processes() <= before
+
+
+def test_a_server_that_dies_during_start_up_is_named_with_its_pid_and_log_line(model, tmp_path, monkeypatch):
+    # The child's interpreter dies before llama.cpp is reached (a sitecustomize that exits): its last words count.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, sys\nprint('fatal: this CPU lacks AVX2', file=sys.stderr, flush=True)\nos._exit(4)\n")
+    child_env = LlamaCppServer._child_env
+
+    def dying_env(self: LlamaCppServer) -> dict[str, str]:
+        env = child_env(self)
+        return {**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"}
+
+    monkeypatch.setattr(LlamaCppServer, "_child_env", dying_env)
+    before = own_processes()
+    began = time.monotonic()
+    with pytest.raises(ServerStartError, match=r"\(pid \d+\) exited during start-up \(exit status 4, no output\); "
+                                               r"its log ends: 'fatal: this CPU lacks AVX2'"):
+        LlamaCppServer(model, threads=1)
+    assert time.monotonic() - began < 10 and own_processes() <= before     # noticed at once, not at ready_timeout
 
 
 def test_start_up_is_bounded_by_ready_timeout_and_leaves_nothing(model):

@@ -7,9 +7,11 @@ the nvidia-pytriton wheel (Linux x86_64) on 127.0.0.1 and skip, saying why, wher
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -49,6 +51,7 @@ from infergraph_lite.frameworks.triton import (
 from infergraph_lite.lessons.examples import BANANA_INPUTS, text_pipeline, text_pipeline_stages, trained_text_models
 from infergraph_lite.lessons.triton_twin import calibrate_triton_hops
 from infergraph_lite.serving.loadtest import run_closed_loop
+from tests import stage_fns
 
 TEXT = {"text": "The pizza was excellent for lunch."}
 BATCHING = {"embed": {"max_batch_size": 16, "max_wait": 0.002, "max_queue_size": 64},
@@ -91,6 +94,21 @@ def failing_stages() -> dict:
 
     stages["modelB"] = (Stage(fn=model_b, max_batch_size=4), ["pre"])
     return stages
+
+
+GATE = "INFERGRAPH_TEST_GATE"  # a folder: a gated stage holds each batch until GATE/release exists (60 s at most)
+
+
+def gated_stages() -> dict:
+    """One node that holds every batch while the folder named by $INFERGRAPH_TEST_GATE has no ``release`` file.
+
+    Without the variable (this process, writing the repository) it answers at once; the server's stubs inherit
+    it, so their requests stay open until the test says.
+    """
+    gate = os.environ.get(GATE)
+    fn = (functools.partial(stage_fns.wait_for_file, started=f"{gate}/started", release=f"{gate}/release")
+          if gate else list)
+    return {"hold": (Stage(fn=fn, max_batch_size=4), ["text"])}
 
 
 def text_stages() -> dict:
@@ -376,17 +394,17 @@ class LaggingStream:
         self.lag, self.answered, self.reads, self.pending = lag, 0, 0, []
         self.counted = {"pipeline": 0, "pre": 0, "post": 0, "other": 5}
 
-    def get_model_config(self, model, as_json=True):
+    def get_model_config(self, model, as_json=True, client_timeout=None):
         tensors = {"input": [{"name": "text", "data_type": "TYPE_STRING", "dims": ["1"]}],
                    "output": [{"name": "out", "data_type": "TYPE_STRING", "dims": ["1"]}]}
         steps = [{"model_name": "pre"}, {"model_name": "post"}] if model == "pipeline" else []
         return {"config": {**tensors, "ensemble_scheduling": {"step": steps}} if steps else tensors}
 
-    def infer(self, model, tensors, outputs=None):
+    def infer(self, model, tensors, outputs=None, client_timeout=None):
         self.pending.append((self.reads + self.lag, [model, "pre", "post"] if model == "pipeline" else [model]))
         return type("Result", (), {"as_numpy": lambda self, name: np.array([b"ok"], dtype=object)})()
 
-    def get_inference_statistics(self, model, version, as_json=True):
+    def get_inference_statistics(self, model, version, as_json=True, client_timeout=None):
         self.reads += 1
         for _, names in [p for p in self.pending if p[0] < self.reads]:
             for name in names:
@@ -603,6 +621,42 @@ def test_a_taken_port_is_named_and_leaves_no_process(tmp_path):
         before = own_processes()
         with pytest.raises(TritonStartError, match=rf"port.*{port}|{port}.*port"):
             TritonServer(tmp_path, ports=[port, *free], timeout=60).start()
+    assert own_processes() <= before
+
+
+@needs_server
+def test_a_server_killed_with_requests_open_fails_each_naming_its_death_and_leaves_nothing(tmp_path, monkeypatch):
+    to_model_repository(gated_stages(), tmp_path / "repo", factory="tests.test_triton:gated_stages",
+                        example={"text": "hi"})
+    monkeypatch.setenv(GATE, str(tmp_path))  # the stubs hold every batch: the requests stay open
+    before = own_processes()
+    with TritonServer(tmp_path / "repo", timeout=60) as server, server.client(timeout=60) as client:
+        pid, family = server.pid, [p.pid for p in server.processes()]
+        futures = [client.submit({"text": f"request {i}"}) for i in range(6)]
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists():  # a batch is inside the model: mid-request
+            assert time.monotonic() < deadline and not any(f.done() for f in futures), "no batch ever started"
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        died = rf"tritonserver \(pid {pid}\) died \(killed by SIGKILL\); its log ends: '.+'"
+        for future in futures:
+            with pytest.raises(RuntimeError, match=died):
+                future.result(timeout=30)
+        assert time.monotonic() - killed < 5, "each open request failed at once, not at its 60 s deadline"
+        with pytest.raises(RuntimeError, match=died):
+            client.infer({"text": "a request sent after the death"})
+    assert not [p for p in family if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert own_processes() <= before
+
+
+@needs_server
+def test_a_server_that_exits_during_start_up_is_named_with_its_pid_and_log_line(tmp_path):
+    to_model_repository(tiny_stages(), tmp_path, factory="tests.test_triton:tiny_stages", example=BANANA_INPUTS)
+    before = own_processes()
+    with pytest.raises(TritonStartError, match=r"tritonserver \(pid \d+\) exited \(exit status 1\): "
+                                               r".*unrecognized option '--no-such-flag'"):
+        TritonServer(tmp_path, extra_args=["--no-such-flag"], timeout=60).start()
     assert own_processes() <= before
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
+import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,7 +37,7 @@ import psutil
 from dask.task_spec import DataNode, GraphNode, Task, TaskRef
 from dask.typing import Key
 
-from infergraph_lite.core.arguments import check_non_negative_int
+from infergraph_lite.core.arguments import check_non_negative_int, check_number
 from infergraph_lite.core.execute import NodeError
 from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError, batch_item, prepare_stages
@@ -44,7 +46,7 @@ from infergraph_lite.serving.processes import living, owned_processes, stop_proc
 __all__ = ["ENGINE", "DaskGraphCluster", "from_stage", "run_dask", "stage_item", "to_dask_graph"]
 
 ENGINE = "Dask"  # how UnsupportedStageFieldError names this engine
-
+DEATH_WAIT = 1.0  # seconds a failed request waits for the nanny's line on the worker process that died
 
 
 def stage_item(fn: Any, *values: Any) -> Any:
@@ -181,6 +183,32 @@ def run_dask(nodes: Graph, inputs: Mapping[str, Any], *, client: Any = None) -> 
     return {**inputs, **dict(zip(plan.order, values))}
 
 
+class _WorkerDeaths(logging.Handler):
+    """The lines in which Dask's nannies (in this process) report a worker process's end, by PID.
+
+    A nanny logs ``"Worker process 123 was killed by signal 9"`` at INFO, which a cluster with silenced logs
+    never shows; kept here, they name the process and say how it ended when a request fails with ``KilledWorker``
+    or the cluster cannot start.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: dict[int, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        found = re.match(r"Worker process (\d+) ", line)
+        if found:
+            self.lines[int(found.group(1))] = line
+
+    def line(self, pid: int, wait: float) -> str:
+        """The line on process ``pid``, waiting up to ``wait`` s: the scheduler may tell of the death first."""
+        deadline = time.monotonic() + wait
+        while pid not in self.lines and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.lines.get(pid, "")
+
+
 class DaskGraphCluster:
     """A ``distributed.LocalCluster`` on 127.0.0.1 that runs one task graph per request; a context manager.
 
@@ -190,7 +218,11 @@ class DaskGraphCluster:
     ``concurrent.futures.Future`` of every node's value, or a ``NodeError`` naming the first node (in
     topological order) that failed; ``max_requests`` graphs are in flight at once.  A worker that dies
     while running a task is restarted by its nanny and the task retried, ``allowed_failures`` times
-    (``None``: Dask's setting, 3); then the request fails with Dask's ``KilledWorker``, named by node.
+    (``None``: Dask's setting, 3); then the request fails with Dask's ``KilledWorker``, named by node, its
+    message ending with the nanny's line on the process (``Worker process 123 was killed by signal 9``); a
+    worker that dies while the cluster starts is named the same way.  A request not answered within
+    ``request_timeout`` seconds fails with a ``NodeError`` naming the first node still running (cause:
+    ``TimeoutError``).
     ``close(timeout)`` cancels what has not started, closes the client (which ends the requests in flight,
     with an error) and the cluster, and stops, by PID, the processes this cluster owns: its workers (each
     nanny's process) and their descendants -- never another server's.
@@ -211,6 +243,7 @@ class DaskGraphCluster:
         processes: bool = True,
         max_requests: int = 16,
         allowed_failures: int | None = None,
+        request_timeout: float = 120.0,
     ):
         self.nodes = nodes
         self.plan = _prepare(nodes, inputs)
@@ -219,8 +252,10 @@ class DaskGraphCluster:
         # None keeps Dask's own setting
         self.allowed_failures = (None if allowed_failures is None
                                  else check_non_negative_int("allowed_failures", allowed_failures))
+        self.request_timeout = check_number("request_timeout", request_timeout)
         self.cluster: Any = None
         self.client: Any = None
+        self._deaths: _WorkerDeaths | None = None  # the nannies' lines on worker processes that ended
         self.timings: dict[str, float] = {}
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._in_flight: set[concurrent.futures.Future] = set()  # requests submitted and not yet answered
@@ -235,6 +270,8 @@ class DaskGraphCluster:
         started = time.perf_counter()
         settings = ({} if self.allowed_failures is None
                     else {"distributed.scheduler.allowed-failures": self.allowed_failures})
+        self._deaths = _WorkerDeaths()
+        logging.getLogger("distributed.nanny").addHandler(self._deaths)
         try:
             with dask.config.set(settings):  # the scheduler reads it when it is made
                 self.cluster = LocalCluster(host="127.0.0.1", n_workers=self.n_workers,
@@ -242,8 +279,11 @@ class DaskGraphCluster:
                                             dashboard_address="127.0.0.1:0", silence_logs=40)
             self.client = Client(self.cluster)
             self.started_pids()  # record the workers now
-        except BaseException:
+        except BaseException as error:
+            said = "; ".join(self._deaths.lines.values())  # a worker that died while starting: which, and how
             self.close()
+            if said and isinstance(error, Exception):
+                raise RuntimeError(f"{ENGINE} cluster did not start: {error} ({said})") from error
             raise
         self.timings["start"] = time.perf_counter() - started
         self._pool = concurrent.futures.ThreadPoolExecutor(self.max_requests, thread_name_prefix="dask-request")
@@ -281,15 +321,30 @@ class DaskGraphCluster:
         graph = to_dask_graph(self.nodes, inputs, request=request, plan=self.plan)
         futures = self.client.get(graph, [(name, request) for name in self.plan.order], sync=False)
         try:
-            wait(futures)
+            try:
+                wait(futures, timeout=self.request_timeout)
+            except TimeoutError as late:
+                name = next(n for n, f in zip(self.plan.order, futures) if not f.done())
+                raise NodeError(name, TimeoutError(f"request {request} was not answered within request_timeout="
+                                                   f"{self.request_timeout:g} s")) from late
             for name, future in zip(self.plan.order, futures):
                 if future.status == "error":
                     error = future.exception()
-                    raise NodeError(name, error) from error
+                    raise self._node_error(name, error) from error
             return dict(zip(self.plan.order, self.client.gather(futures)))
         finally:
             for future in futures:
                 future.release()
+
+    def _node_error(self, name: str, error: BaseException) -> NodeError:
+        # A KilledWorker names the worker that died last (a WorkerState, with its PID): add the nanny's line on
+        # that process, so the failure says which process it was and how it ended.
+        failure = NodeError(name, error)
+        pid = getattr(getattr(error, "last_worker", None), "pid", None)
+        if pid and self._deaths is not None:
+            said = self._deaths.line(pid, DEATH_WAIT) or f"worker process {pid} died"
+            failure.args = (f"{failure} ({said})",)
+        return failure
 
     def submit(self, inputs: Mapping[str, Any]) -> concurrent.futures.Future:
         """Send one request (one graph); the future gives every node's value, or a NodeError naming the node."""
@@ -328,6 +383,9 @@ class DaskGraphCluster:
         closer = threading.Thread(target=shut_down, name="dask-graph-close", daemon=True)
         closer.start()
         closer.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
+        deaths, self._deaths = self._deaths, None
+        if deaths is not None:
+            logging.getLogger("distributed.nanny").removeHandler(deaths)
         if pool is not None:  # the requests' threads end with their requests, which the closed client ended
             concurrent.futures.wait(list(self._in_flight), timeout=max(0.7 * (deadline - time.monotonic()), 0.0))
         return stop_processes(pids, **within(deadline - time.monotonic()))

@@ -21,7 +21,7 @@ import math
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -34,9 +34,14 @@ __all__ = ["Completion", "CompletionRequest", "LlamaCppClient", "RequestError", 
 
 from infergraph_lite.core.arguments import check_count, check_int, check_number
 
+DIED_WAIT = 1.0  # seconds a broken request waits for its server's process to be seen ended (see exit_reason)
+
 
 class RequestError(RuntimeError):
-    """The server refused or broke off a request; ``status`` is the HTTP status (0: connection error)."""
+    """The server refused or broke off a request; ``status`` is the HTTP status (0: connection error).
+
+    When the server's process died, the message says so: its PID, how it ended and its log's last line.
+    """
 
     def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
@@ -145,7 +150,11 @@ class LlamaCppClient:
 
     At most ``max_in_flight`` requests are open at once (one thread each); more wait in the client, in
     submit order.  Keep it at least ``n_parallel`` so that the server, not the client, queues requests.
-    ``n_predict`` is the default token count; ``timeout`` bounds each request (seconds).  ``banned_tokens``
+    ``n_predict`` is the default token count; ``timeout`` bounds each wait on the server (seconds: the
+    connection, and each read of the stream, so a request whose server stops answering fails).  ``exit_reason``
+    says why the server's process ended (``''`` while it runs); :meth:`LlamaCppServer.client` passes the
+    server's own, so a request broken off by the server's death fails with a ``RequestError`` that names the
+    process and quotes its log.  ``banned_tokens``
     are never generated: :meth:`LlamaCppServer.client` bans the tiny model's byte-fallback tokens, since
     llama.cpp holds back a token that ends inside a UTF-8 character and streams it with the next one, which
     would hide that token's arrival time (a zero gap).
@@ -160,7 +169,8 @@ class LlamaCppClient:
     """
 
     def __init__(self, url: str, *, n_predict: int = 32, max_in_flight: int = 64, timeout: float = 120.0,
-                 temperature: float = 0.0, seed: int = 0, banned_tokens: Sequence[int] = ()) -> None:
+                 temperature: float = 0.0, seed: int = 0, banned_tokens: Sequence[int] = (),
+                 exit_reason: Callable[[float], str] | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or not parts.port:
             raise ValueError(f"url must look like http://127.0.0.1:PORT, got {url!r}")
@@ -174,6 +184,7 @@ class LlamaCppClient:
         self.seed = check_int("seed", seed, minimum=-1)     # llama.cpp's -1: a random seed per request
         self.banned_tokens = tuple(int(t) for t in banned_tokens)
         self.max_in_flight = max_in_flight
+        self._exit_reason = exit_reason
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="llamacpp-client")
         self._lock = threading.Lock()
         self.completions: list[Completion] = []       # every answered request, in answer order
@@ -230,11 +241,11 @@ class LlamaCppClient:
                     break
             e2e = time.perf_counter() - start
         except (OSError, http.client.HTTPException) as error:
-            raise RequestError(f"/completion at {self.url} failed: {error!r}") from error
+            raise self._broken_off(f"/completion at {self.url} failed: {error!r}") from error
         finally:
             conn.close()
         if not final:
-            raise RequestError(f"/completion stream at {self.url} ended without its final event")
+            raise self._broken_off(f"/completion stream at {self.url} ended without its final event")
         n_tokens = int(final.get("tokens_predicted", len(times)))
         if n_tokens != len(times):
             raise RequestError(f"the server reported {n_tokens} tokens but streamed {len(times)}")
@@ -250,6 +261,12 @@ class LlamaCppClient:
         with self._lock:
             self.completions.append(done)
         return done
+
+    def _broken_off(self, what: str) -> RequestError:
+        # A connection that breaks, or a stream that stops short, is most often a server that died: ask it
+        # (waiting up to DIED_WAIT s for its process to be seen ended), and say so, with its PID and log line.
+        why = self._exit_reason(DIED_WAIT) if self._exit_reason is not None else ""
+        return RequestError(f"{what}: {why}" if why else what)
 
     def submit(self, item: str | CompletionRequest | Mapping[str, Any]) -> Future[Completion]:
         """Queue one request; its Future holds the :class:`Completion` (or the :class:`RequestError`).

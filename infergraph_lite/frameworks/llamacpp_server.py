@@ -16,7 +16,9 @@ ours / llama.cpp    what it is                                             vLLM'
 
 Start-up failures have names, checked before any process starts where possible: :class:`ModelMissingError`,
 :class:`ModelLoadError`, :class:`PortTakenError`, :class:`BadParameterError`; anything else is a
-:class:`ServerStartError` carrying the end of llama.cpp's log.
+:class:`ServerStartError` carrying the end of llama.cpp's log.  A server that dies later, during requests,
+fails every open request of its clients with a ``RequestError`` that says so (:meth:`LlamaCppServer.exit_reason`:
+its PID, how it ended, its log's last line).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -42,6 +45,7 @@ import psutil
 
 from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.frameworks.llamacpp_model import ModelInfo, trained_context_length
+from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line
 from infergraph_lite.serving.processes import process_tree, stop_processes
 
 __all__ = ["BadParameterError", "LlamaCppServer", "ModelLoadError", "ModelMissingError", "PortTakenError",
@@ -168,6 +172,18 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None
             log.unlink(missing_ok=True)
 
 
+def _weak_exit_reason(server: LlamaCppServer) -> Callable[[float], str]:
+    # The server's exit_reason through a weak reference: a client must not keep its server from being collected
+    # (and so stopped by its finaliser).
+    ref = weakref.ref(server)
+
+    def exit_reason(wait: float) -> str:
+        alive = ref()
+        return "" if alive is None else alive.exit_reason(wait)
+
+    return exit_reason
+
+
 class LlamaCppServer:
     """llama.cpp's server on 127.0.0.1 in a child process of its own; a context manager that stops it by PID.
 
@@ -229,6 +245,7 @@ class LlamaCppServer:
         self._own_log = log_path is None
         self.log_path = Path(log_path) if log_path is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._closing = False            # close() was called: a process that ends now was stopped, not killed
         self._finalizer: weakref.finalize | None = None
         self.url = ""
         self.port = 0
@@ -318,8 +335,11 @@ class LlamaCppServer:
             raise PortTakenError(f"port {self._port_asked or 0} could not be bound on 127.0.0.1 (taken?)", log)
         if "failed to load model" in log:
             raise ModelLoadError(f"llama.cpp could not load the model {str(self.model_path)!r}", log)
-        raise ServerStartError(f"llama.cpp server exited during start-up (status {self._proc.returncode}, "
-                               f"{line or 'no output'})", log)
+        code = self._proc.returncode
+        ended = "did not end" if code is None else exit_status(code)    # after 5 s, still exiting
+        said = last_log_line(log)
+        raise ServerStartError(f"llama.cpp server (pid {self._proc.pid}) exited during start-up ({ended}, "
+                               f"{line or 'no output'})" + (f"; its log ends: {said!r}" if said else ""), log)
 
     def _wait_healthy(self, deadline: float) -> None:
         while True:
@@ -330,7 +350,7 @@ class LlamaCppServer:
             except (urllib.error.URLError, OSError):
                 pass
             if self._proc is None or self._proc.poll() is not None:
-                raise ServerStartError("llama.cpp server exited before /health answered", self.log_tail())
+                raise ServerStartError(f"/health never answered: {self.exit_reason()}", self.log_tail())
             if time.perf_counter() > deadline:
                 raise ServerStartError(f"/health did not answer within {self.ready_timeout:.0f} s (ready_timeout)",
                                        self.log_tail())
@@ -338,6 +358,7 @@ class LlamaCppServer:
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the server (SIGTERM by its PID; SIGKILL after ``timeout`` s); waits at most ~``timeout`` + 6 s."""
+        self._closing = True
         if self._finalizer is not None:
             self._finalizer.detach()
         if self._proc is not None:
@@ -351,6 +372,25 @@ class LlamaCppServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def exit_reason(self, wait: float = 0.0) -> str:
+        """Why the server's process ended, in one line: ``''`` while it runs (after waiting up to ``wait`` s for it
+        to end).
+
+        Its clients ask this when a request's connection breaks, and put the answer in the ``RequestError``:
+        ``"the llama.cpp server (pid 123) died (killed by SIGKILL); its log ends: '...'"``.  A killed process
+        closes its sockets a moment before it can be reaped, hence ``wait``.
+        """
+        proc = self._proc
+        if proc is None:
+            return ""
+        try:
+            code = proc.wait(timeout=wait) if wait > 0 else proc.poll()
+        except subprocess.TimeoutExpired:
+            return ""
+        if code is None:
+            return ""
+        return describe_exit("the llama.cpp server", proc.pid, code, self.log_tail(), stopped=self._closing)
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of llama.cpp's log (its stderr)."""
@@ -366,7 +406,7 @@ class LlamaCppServer:
     # --- what it serves -------------------------------------------------------------------------------------
     def _get(self, path: str, timeout: float = 10.0) -> bytes:
         if not self.running:
-            raise RuntimeError("the llama.cpp server is not running")
+            raise RuntimeError(f"the llama.cpp server is not running: {self.exit_reason() or 'not started'}")
         with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
             data: bytes = response.read()
             return data
@@ -392,4 +432,5 @@ class LlamaCppServer:
 
         if self.model is not None:
             options.setdefault("banned_tokens", self.model.byte_token_ids)
+        options.setdefault("exit_reason", _weak_exit_reason(self))   # a broken request says whether this died
         return LlamaCppClient(self.url, **options)

@@ -23,7 +23,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any, TypeVar
 
 from ray._private import ray_constants
 
+from infergraph_lite.serving.exits import exit_status
 from infergraph_lite.serving.processes import free_ports, living
 
 __all__ = ["LIGHT_IMPORT_STUBS", "LocalRayNode", "RayStartError", "run_watched"]
@@ -159,18 +159,13 @@ class LocalRayNode:
         return own_line, False
 
     def exit_status(self, pid: int) -> str:
-        """How the root ``pid`` exited: "exited with status 1", "was killed by SIGKILL", or "exited"."""
+        """How the root ``pid`` ended, in words: "killed by SIGKILL", "exit status 1", or "exited" if unknown."""
         code = None
         if pid in self._popen:
             # Seen gone a moment ago, but perhaps not yet reaped: wait for it briefly.
             with contextlib.suppress(Exception):
                 code = self._popen[pid].wait(timeout=1.0)
-        if code is None:
-            return "exited"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with status {code}"
+        return "exited" if code is None else exit_status(code)
 
     def stop(self) -> None:
         """Ask Ray's node to end its processes (it waits for them); the caller then stops the rest by PID."""
@@ -235,7 +230,7 @@ def run_watched(step: str, work: Callable[[], T], node: LocalRayNode, deadline: 
             if "killed by" in status and not taken:
                 line = None  # ended from outside: its own last words are about something else
             because = f": {line}" if line else "" if "killed by" in status else " (its logs say nothing about why)"
-            raise RayStartError(f"Ray's {kind} (pid {pid}) {status} while {step}{because}",
+            raise RayStartError(f"Ray's {kind} (pid {pid}) ended ({status}) while {step}{because}",
                                 process=kind, log_line=line, port_taken=taken)
         if on_this_thread or not worker.is_alive():
             if "error" in outcome:

@@ -116,7 +116,7 @@ class GraphServer:
     here, in the stage's one :class:`DynamicBatcher`.  A worker that dies fails
     its batch's requests with a ``NodeError`` naming the stage, whose cause
     (:class:`~infergraph_lite.serving.stage_workers.WorkerDiedError`) names
-    the PID, and is replaced; if the replacement cannot start, the stage's
+    the PID and quotes the last line of its stderr, and is replaced; if the replacement cannot start, the stage's
     later batches fail the same way at once.
 
     :meth:`close` (or leaving a ``with`` block) refuses new requests, serves

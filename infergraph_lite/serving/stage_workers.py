@@ -20,9 +20,10 @@ cells) are refused by name before any process starts (:func:`check_picklable`).
 
 Failures are answers: ``fn`` raising fails that batch with the exception itself (or a
 :class:`RemoteError` carrying its type, message and traceback when it cannot be pickled); a worker that dies
-mid-batch (killed, crashed) fails its batch with :class:`WorkerDiedError` naming the stage and the PID, and
-is **replaced** by a fresh worker; if the replacement cannot start, the stage is marked failed and every
-later batch fails at once with :class:`WorkerDiedError`.  Nothing waits without watching the worker's
+mid-batch (killed, crashed) fails its batch with :class:`WorkerDiedError` naming the stage and the PID and
+quoting the last line the worker wrote to its stderr (which goes to a file of its own), and is **replaced** by
+a fresh worker; if the replacement cannot start, the stage is marked failed and every later batch fails at
+once with :class:`WorkerDiedError`.  Nothing waits without watching the worker's
 sentinel, so nothing hangs.  Every worker is stopped by its own PID
 (:func:`~infergraph_lite.serving.processes.stop_processes`).
 """
@@ -37,13 +38,15 @@ import pickletools
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import IO, Any
 
+from infergraph_lite.serving.exits import last_log_line, tail_of_file
 from infergraph_lite.serving.processes import stop_processes
 
 __all__ = ["RemoteError", "StageWorkers", "WorkerDiedError", "check_picklable", "cores_available"]
@@ -59,11 +62,17 @@ _BOOTSTRAP = ("import sys\nfrom multiprocessing.connection import Connection\n"
 
 
 class WorkerDiedError(RuntimeError):
-    """A stage's worker process died (or could not start); ``.stage``, ``.pid`` and ``.exitcode`` say which."""
+    """A stage's worker process died (or could not start); ``.stage``, ``.pid`` and ``.exitcode`` say which, and
+    ``.log_line`` is the last line it wrote to its stderr (``''``: none).
 
-    def __init__(self, stage: str, pid: int | None, exitcode: int | None, what: str):
-        super().__init__(f"stage {stage!r}: worker process {pid} {what} (exit code {exitcode})")
-        self.stage, self.pid, self.exitcode = stage, pid, exitcode
+    >>> str(WorkerDiedError("embed", 12, -9, "died during a batch of 4", "MemoryError"))
+    "stage 'embed': worker process 12 died during a batch of 4 (exit code -9); its stderr ends: 'MemoryError'"
+    """
+
+    def __init__(self, stage: str, pid: int | None, exitcode: int | None, what: str, log_line: str = ""):
+        said = f"; its stderr ends: {log_line!r}" if log_line else ""
+        super().__init__(f"stage {stage!r}: worker process {pid} {what} (exit code {exitcode}){said}")
+        self.stage, self.pid, self.exitcode, self.log_line = stage, pid, exitcode, log_line
 
 
 class RemoteError(RuntimeError):
@@ -156,9 +165,10 @@ def _worker_main(inbox: Connection, outbox: Connection) -> None:
 
 
 class _Worker:
-    # One worker process and the parent's ends of its two pipes: a dead worker closes `conn` (EOF).
-    def __init__(self, process: subprocess.Popen, conn: Connection, send: Connection):
-        self.process, self.conn, self.send = process, conn, send
+    # One worker process, the parent's ends of its two pipes (a dead worker closes `conn`: EOF), and the file its
+    # stderr goes to (an unnamed temporary file: nothing to remove), read when it dies to say why.
+    def __init__(self, process: subprocess.Popen, conn: Connection, send: Connection, log: IO[bytes]):
+        self.process, self.conn, self.send, self.log = process, conn, send, log
 
     @property
     def pid(self) -> int:
@@ -172,6 +182,19 @@ class _Worker:
             return self.process.wait(wait_s)
         except subprocess.TimeoutExpired:
             return None
+
+    def last_words(self) -> str:
+        """The last meaningful line the worker wrote to its stderr (``''``: none, or its file is closed)."""
+        try:
+            return last_log_line(tail_of_file(self.log.fileno()))
+        except (OSError, ValueError):
+            return ""
+
+    def release(self) -> None:
+        """Close the parent's pipe ends and the stderr file (the process must be gone, or going)."""
+        self.send.close()
+        self.conn.close()
+        self.log.close()
 
 
 class StageWorkers:
@@ -261,8 +284,9 @@ class StageWorkers:
             status, value = "error", RemoteError(type(exc).__name__, why, "".join(traceback.format_exception(exc)))
         if status == "died":
             code = worker.exitcode()
+            said = worker.last_words()  # before _replace closes its file
             self._replace(worker)
-            raise WorkerDiedError(self.stage, worker.pid, code, f"died during a batch of {len(batch)}")
+            raise WorkerDiedError(self.stage, worker.pid, code, f"died during a batch of {len(batch)}", said)
         self._idle.put(worker)
         if status == "error":
             raise value
@@ -285,8 +309,7 @@ class StageWorkers:
             stop_processes(stuck, timeout=0.0)
         for worker in workers:
             worker.exitcode(1.0)  # reap it (stop_processes may have already)
-            worker.send.close()
-            worker.conn.close()
+            worker.release()
             self._idle.put(None)  # wakes a thread waiting for an idle worker
         return stuck
 
@@ -299,36 +322,42 @@ class StageWorkers:
     def _spawn(self) -> _Worker:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
+        # Its stderr goes to a file, so that a worker that dies is reported with its last words (a traceback's
+        # last line, a fatal error) rather than leaving them on a terminal a notebook never shows.
+        log = tempfile.TemporaryFile(prefix=f"stage-{self.stage}-")  # noqa: SIM115 - the worker's, closed by release()
         try:
             process = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, str(to_child_r), str(from_child_w)],
-                                       pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL)
+                                       pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, stderr=log)
         except BaseException:
             for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
                 os.close(fd)
+            log.close()
             raise
         os.close(to_child_r)  # the parent keeps only its ends: the worker's dying closes `conn`
         os.close(from_child_w)
-        worker = _Worker(process, Connection(from_child_r, writable=False), Connection(to_child_w, readable=False))
+        worker = _Worker(process, Connection(from_child_r, writable=False), Connection(to_child_w, readable=False),
+                         log)
         try:
             worker.send.send([p for p in sys.path if isinstance(p, str)])
             worker.send.send(self._fn_bytes)
         except BaseException:
             stop_processes([worker.pid], timeout=0.0)  # it died at once, or we were interrupted: leave nothing
-            worker.send.close()
-            worker.conn.close()
+            worker.release()
             raise
         return worker
 
     def _handshake(self, worker: _Worker, deadline: float) -> None:
         status, detail = "died", None
         if not wait([worker.conn], timeout=max(deadline - time.monotonic(), 0.0)):
-            raise WorkerDiedError(self.stage, worker.pid, None, f"did not start within {self._start_timeout} s")
+            raise WorkerDiedError(self.stage, worker.pid, None, f"did not start within {self._start_timeout} s",
+                                  worker.last_words())
         with contextlib.suppress(EOFError, OSError):
             status, detail = worker.conn.recv()
         if status == "failed":
             raise ValueError(f"stage {self.stage!r}: the worker process could not load fn: {detail}")
         if status != "ready":
-            raise WorkerDiedError(self.stage, worker.pid, worker.exitcode(), "exited while starting")
+            code = worker.exitcode()  # first: its last words are all written once it has exited
+            raise WorkerDiedError(self.stage, worker.pid, code, "exited while starting", worker.last_words())
 
     def _replace(self, dead: _Worker) -> None:
         # A fresh worker takes the dead one's place; if it cannot start, the stage fails from now on.
@@ -337,8 +366,7 @@ class StageWorkers:
                 return
             self._workers.remove(dead)
             self.replaced.append(dead.pid)
-        dead.conn.close()
-        dead.send.close()
+        dead.release()
         try:
             fresh = self._spawn()
             with self._lock:

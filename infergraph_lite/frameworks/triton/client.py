@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,14 +19,16 @@ __all__ = ["ModelStats", "TritonClient", "request_error"]
 # reached, or a request waited past default_timeout_microseconds with timeout_action REJECT.
 QUEUE_FULL_TEXT = "Exceeds maximum queue size"
 TIMEOUT_TEXT = "Request timeout expired"
+DIED_WAIT = 1.0  # seconds a broken request waits for the server's process to be seen ended (see exit_reason)
 
 
-def request_error(error: Any, model: str) -> Exception:
+def request_error(error: Any, model: str, died: str = "") -> Exception:
     """The exception a failed Triton request raises: Triton's refusals as the package's, others as RuntimeError.
 
     A full queue becomes :class:`~infergraph_lite.serving.batcher.QueueFullError` and an expired request
     :class:`~infergraph_lite.serving.batcher.QueueTimeoutError` (so the load generators count them as
-    refused); every one keeps Triton's own message and has Triton's exception as ``__cause__``.
+    refused); every one keeps Triton's own message and has Triton's exception as ``__cause__``.  ``died`` is why
+    the server's process ended, when it did (:meth:`TritonServer.exit_reason`): it is added to the message.
 
     >>> from tritonclient.utils import InferenceServerException
     >>> e = request_error(InferenceServerException("in ensemble 'pipeline', Exceeds maximum queue size",
@@ -34,7 +36,7 @@ def request_error(error: Any, model: str) -> Exception:
     >>> type(e).__name__, e.stage, str(e)
     ('QueueFullError', 'pipeline', "[StatusCode.UNAVAILABLE] in ensemble 'pipeline', Exceeds maximum queue size")
     """
-    text = str(error)
+    text = str(error) + (f": {died}" if died else "")
     kind: type[Exception] = RuntimeError
     if QUEUE_FULL_TEXT in text:
         kind = QueueFullError
@@ -157,12 +159,20 @@ class TritonClient:
     seconds; then it returns them as they are and expects no more of them).  The expectation is exact when
     none of this client's requests is in flight at those reads; another client's traffic only makes the wait
     shorter.
+
+    Every call waits at most ``timeout`` seconds for the server (gRPC's deadline; a request then fails with
+    ``DEADLINE_EXCEEDED``).  ``exit_reason`` says why the server's process ended (``''`` while it runs);
+    :meth:`TritonServer.client` passes the server's own, so a request that the server's death breaks off
+    fails with an error naming the process and quoting its log.
     """
 
-    def __init__(self, grpc_url: str, model: str = "pipeline", settle_timeout: float = 2.0):
+    def __init__(self, grpc_url: str, model: str = "pipeline", settle_timeout: float = 2.0, *,
+                 timeout: float = 120.0, exit_reason: Callable[[float], str] | None = None):
         import tritonclient.grpc as grpcclient  # gRPC only: no gevent, so an interrupted call cannot hang the hub
 
-        self.grpc_url, self.model, self.settle_timeout = grpc_url, model, settle_timeout
+        self.grpc_url, self.model, self.settle_timeout, self.timeout = grpc_url, model, settle_timeout, timeout
+        self._exit_reason = exit_reason
+        self._alive_seen = -float("inf")  # when a broken call last found the server still running
         self._grpc = grpcclient
         self._stream = grpcclient.InferenceServerClient(grpc_url)
         self._types: dict[str, tuple[dict[str, TensorType], dict[str, TensorType]]] = {}
@@ -187,7 +197,7 @@ class TritonClient:
         if model not in self._types:
             with self._first_use:  # one thread reads the config and the baseline before any sends there
                 if model not in self._types:
-                    config = self._stream.get_model_config(model, as_json=True)["config"]
+                    config = self._stream.get_model_config(model, as_json=True, client_timeout=self.timeout)["config"]
                     steps = config.get("ensemble_scheduling", {}).get("step", [])
                     self._members[model] = [model, *dict.fromkeys(step["model_name"] for step in steps)]
                     self._track(self._members[model])
@@ -230,6 +240,26 @@ class TritonClient:
         outputs = [self._grpc.InferRequestedOutput(name) for name in out_types]
         return tensors, outputs, out_types
 
+    def _died(self, error: Any) -> str:
+        """Why the server's process ended, when ``error`` is a broken connection and it did; else ``''``."""
+        if self._exit_reason is None or "UNAVAILABLE" not in str(getattr(error, "status", lambda: "")()):
+            return ""
+        if QUEUE_FULL_TEXT in str(error) or TIMEOUT_TEXT in str(error):
+            return ""  # Triton's refusals share the status: the server is up and said no
+        # A killed server's sockets close a moment before it can be reaped: the first broken call waits for that.
+        # The failed calls of one broken connection are answered one by one on gRPC's thread, so a server found
+        # alive is not waited for again for a while.
+        wait = 0.0 if time.monotonic() - self._alive_seen < 10 * DIED_WAIT else DIED_WAIT
+        why = self._exit_reason(wait)
+        if not why and wait:
+            self._alive_seen = time.monotonic()
+        return why
+
+    def _failed(self, error: Exception, model: str) -> Exception:
+        """What a synchronous call raises: ``error`` itself, unless the server died (then it says so)."""
+        died = self._died(error)
+        return request_error(error, model, died) if died else error
+
     @staticmethod
     def _decode_rows(result: Any, out_types: Mapping[str, TensorType]) -> list[dict[str, Any]]:
         columns = {name: kind.decode(result.as_numpy(name)) for name, kind in out_types.items()}
@@ -239,7 +269,10 @@ class TritonClient:
         """One request: ``{input name: value}`` -> ``{output name: value}``."""
         model = model or self.model
         tensors, outputs, out_types = self._request(model, [inputs])
-        result = self._stream.infer(model, tensors, outputs=outputs)
+        try:
+            result = self._stream.infer(model, tensors, outputs=outputs, client_timeout=self.timeout)
+        except self._grpc.InferenceServerException as error:
+            raise self._failed(error, model) from error
         self._answered(model)
         answers = self._decode_rows(result, out_types)
         return answers[0] if answers else {}    # a model without outputs answers nothing
@@ -261,7 +294,10 @@ class TritonClient:
             raise ValueError(f"rows must be a non-empty list of {{input name: value}} dicts, got {rows!r:.80}")
         model = model or self.model
         tensors, outputs, out_types = self._request(model, rows)
-        result = self._stream.infer(model, tensors, outputs=outputs)
+        try:
+            result = self._stream.infer(model, tensors, outputs=outputs, client_timeout=self.timeout)
+        except self._grpc.InferenceServerException as error:
+            raise self._failed(error, model) from error
         self._answered(model)
         return self._decode_rows(result, out_types)
 
@@ -274,7 +310,7 @@ class TritonClient:
 
         def done(result: Any, error: Any) -> None:
             if error is not None:
-                future.set_exception(request_error(error, model))
+                future.set_exception(request_error(error, model, self._died(error)))
             else:
                 self._answered(model)  # before the caller can see the answer and read the counts
                 try:
@@ -283,7 +319,7 @@ class TritonClient:
                 except Exception as exc:  # noqa: BLE001 - a decoding problem belongs to the caller
                     future.set_exception(exc)
 
-        self._stream.async_infer(model, tensors, callback=done, outputs=outputs)
+        self._stream.async_infer(model, tensors, callback=done, outputs=outputs, client_timeout=self.timeout)
         return future
 
     def statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
@@ -319,7 +355,8 @@ class TritonClient:
         return {name: stats.requests for name, stats in self._read_statistics().items()}
 
     def _read_statistics(self, model: str = "", version: str = "") -> dict[str, ModelStats]:
-        raw = self._stream.get_inference_statistics(model, version, as_json=True).get("model_stats", [])
+        raw = self._stream.get_inference_statistics(model, version, as_json=True,
+                                                    client_timeout=self.timeout).get("model_stats", [])
         grouped: dict[str, list[ModelStats]] = {}
         for entry in raw:
             grouped.setdefault(entry["name"], []).append(ModelStats.from_triton(entry))
@@ -327,11 +364,11 @@ class TritonClient:
 
     def load(self, model: str) -> None:
         """(Re)load a model from the repository (needs ``model_control="explicit"``): new versions and configs."""
-        self._stream.load_model(model)
+        self._stream.load_model(model, client_timeout=self.timeout)
         self._forget(model)
 
     def unload(self, model: str) -> None:
-        self._stream.unload_model(model)
+        self._stream.unload_model(model, client_timeout=self.timeout)
         self._forget(model)
 
     def _forget(self, model: str) -> None:
@@ -345,5 +382,5 @@ class TritonClient:
 
     def ready_versions(self, model: str) -> list[str]:
         """The versions of ``model`` now serving."""
-        index = self._stream.get_model_repository_index(as_json=True).get("models", [])
+        index = self._stream.get_model_repository_index(as_json=True, client_timeout=self.timeout).get("models", [])
         return sorted(m.get("version", "") for m in index if m["name"] == model and m.get("state") == "READY")

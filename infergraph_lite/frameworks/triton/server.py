@@ -1,5 +1,8 @@
 """A real ``tritonserver`` on 127.0.0.1: started from the ``nvidia-pytriton`` wheel, stopped by its own PID.
 
+A server that dies, during start-up or while requests are open, is named with its PID, how it ended and its
+log's last line: in :class:`TritonStartError`, and in the error of every request its clients had open.
+
 See ``/work/shared/reference/triton-cpu`` (the recipe this follows) for what the binary and its Python stubs
 need: a backend folder, the venv's ``bin`` on ``PATH``, ``LD_LIBRARY_PATH`` with the interpreter's LIBDIR.
 """
@@ -20,13 +23,14 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from infergraph_lite.frameworks.triton.client import TritonClient
 from infergraph_lite.frameworks.triton.errors import TritonStartError, TritonUnavailableError
 from infergraph_lite.frameworks.triton.repository import Repository, read_repository
+from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line
 from infergraph_lite.serving.processes import free_ports, stop_processes, within
 
 __all__ = ["TritonServer", "triton_available"]
@@ -65,6 +69,19 @@ def _free_ports(count: int) -> list[int]:
     return free_ports(count)
 
 
+def _group_members(pgid: int) -> list[int]:
+    # Every living process of the server's process group but the server itself: its Python stubs, found also once
+    # the server is gone (a killed server's stubs are re-parented, so they are nobody's children any more).
+    import psutil
+
+    members = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if process.pid != pgid and os.getpgid(process.pid) == pgid:
+                members.append(process.pid)
+    return members
+
+
 def _stop_process_group(process: subprocess.Popen, grace: float, timeout: float | None = None) -> None:
     # SIGINT (Triton's clean shutdown), then SIGTERM, then SIGKILL, by the server's own PID; then anything
     # left in its process group (its Python stubs), whose id is that same PID.  A Ctrl-C while waiting
@@ -79,6 +96,7 @@ def _stop_process_group(process: subprocess.Popen, grace: float, timeout: float 
         stubs = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
     except psutil.Error:
         stubs = []
+    stubs = [*dict.fromkeys([*stubs, *_group_members(process.pid)])]  # a server that died left them in its group
     interrupted: BaseException | None = None
     for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, term), (signal.SIGKILL, kill)):
         if process.poll() is not None:
@@ -106,6 +124,18 @@ def _stop_process_group(process: subprocess.Popen, grace: float, timeout: float 
 
 def _port_taken(log: str) -> bool:
     return "already in use" in log or "Address in use" in log or "Failed to bind" in log
+
+
+def _weak_exit_reason(server: TritonServer) -> Callable[[float], str]:
+    # The server's exit_reason through a weak reference: a client must not keep its server from being collected
+    # (and so stopped by its finaliser).
+    ref = weakref.ref(server)
+
+    def exit_reason(wait: float) -> str:
+        alive = ref()
+        return "" if alive is None else alive.exit_reason(wait)
+
+    return exit_reason
 
 
 class TritonServer:
@@ -144,6 +174,7 @@ class TritonServer:
         self._finalizer: weakref.finalize | None = None
         self.http_port = self.grpc_port = self.metrics_port = 0
         self._saved_log = ""
+        self._stopping = False  # stop() was called: a process that ends now was stopped, not killed
 
     @property
     def pid(self) -> int | None:
@@ -204,6 +235,7 @@ class TritonServer:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _start_once(self, root: Path) -> None:
+        self._stopping = False
         self._workdir = Path(tempfile.mkdtemp(prefix="infergraph-triton-"))
         try:  # from here on, any failure removes the folder (and the process, once there is one)
             backend = self._workdir / "backends" / "python"
@@ -242,7 +274,8 @@ class TritonServer:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise TritonStartError(self._failure_reason(f"exited with status {self.process.returncode}"), self.log)
+                what = f"(pid {self.process.pid}) exited ({exit_status(self.process.returncode)})"
+                raise TritonStartError(self._failure_reason(what), self.log)
             try:
                 with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=1.0) as response:
                     if response.status == 200:
@@ -261,9 +294,11 @@ class TritonServer:
             failed = re.findall(r"failed to load '([^']+)' version \d+: ([^\"\\]*)", log)
             errors = [f"model {model!r} failed to load: {why.strip()}" for model, why in dict.fromkeys(failed)]
             errors += [line.strip() for line in log.splitlines()
-                       if not failed and (re.match(r"\s*E\d{4}", line) or line.startswith("error:"))
+                       if not failed and (re.match(r"\s*E\d{4}", line) or line.startswith("error:")
+                                          or "unrecognized option" in line)  # then its usage text, no error
                        and "CUDA" not in line and "Cuda" not in line]
-            cause = "; ".join(dict.fromkeys(errors[:4])) or "see .log"
+            said = last_log_line(log)
+            cause = "; ".join(dict.fromkeys(errors[:4])) or (f"its log ends: {said!r}" if said else "see .log")
         return f"tritonserver {what}: {cause}"
 
     def stop(self, timeout: float | None = None) -> None:
@@ -273,6 +308,7 @@ class TritonServer:
         fit); without one, Triton gets ``exit_timeout + 2`` s to finish its requests before it is signalled.
         Safe to call twice.
         """
+        self._stopping = True
         if self._finalizer is not None:
             finalizer, self._finalizer = self._finalizer, None
             detached = finalizer.detach()  # runs _stop_process_group once, here, with this timeout
@@ -291,8 +327,30 @@ class TritonServer:
 
         if self.process is None:
             return []
-        server = psutil.Process(self.process.pid)
-        return [server, *server.children(recursive=True)]
+        try:
+            server = psutil.Process(self.process.pid)
+            return [server, *server.children(recursive=True)]
+        except psutil.NoSuchProcess:  # it died (and was reaped): what is left of its group is stopped by stop()
+            return []
+
+    def exit_reason(self, wait: float = 0.0) -> str:
+        """Why the server's process ended, in one line: ``''`` while it runs (after waiting up to ``wait`` s for it
+        to end), or before it started.
+
+        Its clients ask this when a request's connection breaks, and put the answer in the request's error:
+        ``"tritonserver (pid 123) died (killed by SIGKILL); its log ends: '...'"``.  A killed process closes its
+        sockets a moment before it can be reaped, hence ``wait``.
+        """
+        process = self.process
+        if process is None:
+            return ""
+        try:
+            code = process.wait(wait) if wait > 0 else process.poll()
+        except subprocess.TimeoutExpired:
+            return ""
+        if code is None:
+            return ""
+        return describe_exit("tritonserver", process.pid, code, self.log, stopped=self._stopping)
 
     def instances(self) -> dict[str, int]:
         """Model -> how many Python stub processes serve it now (``instance_group`` count, per version loaded)."""
@@ -307,9 +365,11 @@ class TritonServer:
                 counts[model] = counts.get(model, 0) + 1
         return dict(sorted(counts.items()))
 
-    def client(self) -> TritonClient:
-        """A :class:`TritonClient` connected to this server."""
-        return TritonClient(self.grpc_url)
+    def client(self, **options: Any) -> TritonClient:
+        """A :class:`TritonClient` connected to this server (``options``: its keyword arguments); a request that
+        this server's death breaks off fails with an error saying so (:meth:`exit_reason`)."""
+        options.setdefault("exit_reason", _weak_exit_reason(self))
+        return TritonClient(self.grpc_url, **options)
 
     def __enter__(self) -> TritonServer:
         return self.start()
