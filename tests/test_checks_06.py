@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 from infergraph_lite.core.stage import mean_service_time
 from infergraph_lite.exercises import lesson06
 from infergraph_lite.exercises.feedback import Feedback
+from infergraph_lite.simulation.graph import simulate_graph
 from infergraph_lite.simulation.planning import brute_force_plan
 
 
@@ -19,45 +21,77 @@ def assert_wrong(feedback: Feedback, *fragments: str) -> None:
         assert fragment in feedback.message, feedback
 
 
-def fewest(stage, rate):
-    return next(r for r in range(1, 100) if rate / dataclasses.replace(stage, replicas=r).capacity() <= 0.8)
+def fewest_replicas(stages, rate, target):
+    """The worked answer: from the fewest replicas that keep up, every way of adding 1, 2, 3, ... replicas."""
+    low = {name: next(r for r in range(1, 100) if rate < dataclasses.replace(stage, replicas=r).capacity())
+           for name, (stage, _) in stages.items()}
+    for extra in range(20):
+        for added in itertools.combinations_with_replacement(stages, extra):
+            replicas = {name: low[name] + added.count(name) for name in stages}
+            if simulate_graph(lesson06.with_replicas(stages, replicas), rate, n_requests=20_000,
+                              seed=0).percentile(99) <= target:
+                return replicas
+    return None
 
 
-def fix_bottleneck(stages, rate):
-    loads = {name: rate / stage.capacity() for name, (stage, _) in stages.items()}
-    return max(loads, key=loads.get), {name: fewest(stage, rate) for name, (stage, _) in stages.items()}
+def sized_by(fraction, ceiling=0.8):
+    """A sizing rule: add a replica to every stage whose offered load (or busy fraction) is above the ceiling."""
+    def answer(stages, rate, target):
+        replicas = {name: next(r for r in range(1, 100) if rate < dataclasses.replace(stage, replicas=r).capacity())
+                    for name, (stage, _) in stages.items()}
+        while True:
+            run = simulate_graph(lesson06.with_replicas(stages, replicas), rate, n_requests=20_000, seed=0)
+            over = [name for name in stages if getattr(run.stages[name], fraction) > ceiling]
+            if not over:
+                return replicas
+            for name in over:
+                replicas[name] += 1
+    return answer
 
 
-def test_fix_bottleneck_accepts_the_least_capable_stage_and_just_enough_replicas():
-    assert lesson06.check_fix_bottleneck(fix_bottleneck).passed
+def right_for_the_chain(rule):
+    """The worked answer for the chain, ``rule`` for the other graphs: reaches the checker's later cases."""
+    return lambda stages, rate, target: (fewest_replicas if "embed" in stages else rule)(stages, rate, target)
 
 
-def test_fix_bottleneck_rejects_the_slowest_stage_per_request():
-    def slowest(stages, rate):
-        _, replicas = fix_bottleneck(stages, rate)
-        return max(stages, key=lambda n: mean_service_time(stages[n][0].service_time, 1)), replicas
-
-    assert_wrong(lesson06.check_fix_bottleneck(slowest), "you named 'modelA'", "capacity, replicas x b/s(b)")
+def test_fewest_replicas_accepts_the_worked_answer():
+    assert lesson06.check_fewest_replicas(fewest_replicas).passed
 
 
-def test_fix_bottleneck_rejects_fixing_only_the_bottleneck():
-    def only_the_bottleneck(stages, rate):
-        name, replicas = fix_bottleneck(stages, rate)
-        return name, {n: replicas[n] if n == name else 1 for n in stages}
-
-    assert_wrong(lesson06.check_fix_bottleneck(only_the_bottleneck), "'decode' still runs at 100%", "exposes the next")
+def test_fewest_replicas_rejects_sizing_on_offered_load_which_misses_the_target():
+    assert_wrong(lesson06.check_fewest_replicas(sized_by("offered_load")), "chain graph", "give p99 10.65 ms",
+                 "longest tail is at 'embed'", "busy 100% of the time at 39% offered load")
 
 
-def test_fix_bottleneck_rejects_sizing_a_batching_stage_as_if_it_did_not_batch():
-    def ignore_batching(stages, rate):
-        name, _ = fix_bottleneck(stages, rate)
-        return name, {n: math.ceil(rate * mean_service_time(s.service_time, 1) / 0.8) for n, (s, _) in stages.items()}
-
-    assert_wrong(lesson06.check_fix_bottleneck(ignore_batching), "'modelA' needs only 1", "one replica serves 3.64")
+def test_fewest_replicas_rejects_sizing_on_busy_fraction_which_overbuys_the_batching_stage():
+    assert_wrong(lesson06.check_fewest_replicas(sized_by("utilization")), "with 12 in all, but 7 suffice",
+                 "'embed' needs only 2", "busy 97% of the time at 19% offered load", "batches grow")
 
 
-def test_fix_bottleneck_rejects_a_malformed_answer():
-    assert_wrong(lesson06.check_fix_bottleneck(lambda stages, rate: "modelB"), "return a pair")
+def test_fewest_replicas_rejects_busy_fraction_buying_the_batching_stage_a_replica_the_tail_does_not_need():
+    assert_wrong(lesson06.check_fewest_replicas(right_for_the_chain(sized_by("utilization"))), "example graph",
+                 "longest tail is at 'modelB'", "busy 61% of the time at 60% offered load")
+
+
+def test_fewest_replicas_rejects_sizing_as_if_no_stage_batched():
+    def no_batching(stages, rate, target):
+        return {name: math.ceil(rate * mean_service_time(stage.service_time, 1) / 0.8)
+                for name, (stage, _) in stages.items()}
+
+    assert_wrong(lesson06.check_fewest_replicas(no_batching), "but 7 suffice", "'embed' needs only 2")
+
+
+def test_fewest_replicas_rejects_a_stage_that_cannot_keep_up_and_a_malformed_answer():
+    assert_wrong(lesson06.check_fewest_replicas(lambda stages, rate, target: dict.fromkeys(stages, 1)),
+                 "cannot keep up")
+    assert_wrong(lesson06.check_fewest_replicas(lambda stages, rate, target: [1]), "for every stage")
+
+
+def test_the_search_graph_is_met_on_offered_load_and_overbought_on_busy_fraction():
+    stages, rate, target = lesson06.replica_cases()["search"]
+    fewest, _ = lesson06.fewest_replicas_for("search")
+    assert sum(sized_by("offered_load")(stages, rate, target).values()) == fewest
+    assert sum(sized_by("utilization")(stages, rate, target).values()) > fewest
 
 
 def test_fanout_p99_accepts_the_quantile_of_the_max_of_independent_branches():

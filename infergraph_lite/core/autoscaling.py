@@ -29,7 +29,10 @@ class AutoscalingConfig:
     - ``min_replicas`` (1; 0 lets Ray scale to zero), ``max_replicas`` (1), ``initial_replicas`` (None: start at
       ``min_replicas``): the range Ray keeps the replica count in;
     - ``target_ongoing_requests`` (2): ongoing requests (queued at a replica plus being served) per replica that
-      Ray aims for: it wants ``ceil(total ongoing / target)`` replicas;
+      Ray aims for: it wants ``ceil(total ongoing / target)`` replicas.  A count, not a busy fraction: the queued
+      requests count too, so a replica serving one request at a time holds more ongoing requests on average than
+      the fraction of time it is busy (M/M/c, Erlang C: 9 replicas offered 6 replicas' worth of work hold 0.71
+      ongoing requests each while 67 % busy; notebook 06);
     - ``metrics_interval_s`` (10): how often replicas report their ongoing requests;
       ``look_back_period_s`` (30): the window those reports are averaged over;
     - ``upscale_delay_s`` (30), ``downscale_delay_s`` (600): how long a decision to add (remove) replicas must

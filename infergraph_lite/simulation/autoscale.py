@@ -5,9 +5,11 @@ interval:
 
 1. average the *ongoing requests* (queued plus being served) over the last ``look_back_period_s``, from
    reports the replicas push every ``metrics_interval_s`` (so what it sees is up to that old);
-2. desired replicas = that average / ``target_ongoing_requests``, the change from the replicas actually
-   *running* (``len(self._running_replicas)`` in Ray's ``autoscaling_state.py``; a replica still starting does
-   not count) smoothed by an up- or down-scaling factor, and clipped to ``[min_replicas, max_replicas]``;
+2. desired replicas = that average / ``target_ongoing_requests`` (a count of requests per replica, queued ones
+   included, not a busy fraction: see :class:`~infergraph_lite.core.autoscaling.AutoscalingConfig`), the change
+   from the replicas actually *running* (``len(self._running_replicas)`` in Ray's ``autoscaling_state.py``; a
+   replica still starting does not count) smoothed by an up- or down-scaling factor, and clipped to
+   ``[min_replicas, max_replicas]``;
 3. compare that with the *target* (the replicas already ordered, running or not) and act only when the same
    direction has been decided for ``upscale_delay_s`` (or ``downscale_delay_s``) in a row: a short burst does
    not buy replicas, a short lull does not give them back.

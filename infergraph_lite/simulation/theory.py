@@ -150,6 +150,13 @@ def mmc_mean_latency(arrival_rate: float, mean_service: float, servers: int = 1)
 
     >>> round(mmc_mean_latency(1.0, 1.0, 1), 6), round(mmc_mean_latency(1.6, 1.0, 2), 4)
     (inf, 2.7778)
+
+    Little's law turns the latency into requests in the system, queued ones included: 9 servers offered 6
+    servers' worth of work (3 per ms, 2 ms each) are busy 67 % of the time and hold 0.71 requests each (notebook 06:
+    what an autoscaler's ``target_ongoing_requests`` counts):
+
+    >>> round(3.0 * mmc_mean_latency(3.0, 2.0, 9) / 9, 2), round(3.0 * 2.0 / 9, 2)
+    (0.71, 0.67)
     """
     servers = check_count("servers", servers)
     if arrival_rate <= 0 or mean_service <= 0:
