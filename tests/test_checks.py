@@ -413,6 +413,12 @@ def test_triton_ensemble_accepts_a_parallel_config_and_names_what_is_wrong_other
 # --- 07 · Real serving frameworks ---------------------------------------------------------------------------
 
 
+def test_ensemble_on_triton_refuses_a_max_batch_size_above_its_models_before_any_server_starts():
+    too_large = GOOD_ENSEMBLE.replace("max_batch_size: 8", f"max_batch_size: {2 * lesson07.BANANA_MAX_BATCH}")
+    assert_wrong(lesson07.check_ensemble_on_triton(too_large), f"max_batch_size {2 * lesson07.BANANA_MAX_BATCH}",
+                 f"the {lesson07.BANANA_MAX_BATCH} each of the four models allows")
+
+
 def test_batching_where_it_pays_rejects_batching_everywhere_a_rule_of_thumb_and_milliseconds():
     def everywhere(profiles):
         return {name: {"max_batch_size": 16, "max_wait": 0.0} for name in profiles}

@@ -26,11 +26,14 @@ from infergraph_lite.frameworks.triton import (
 from infergraph_lite.lessons.examples import BANANA_INPUTS
 from infergraph_lite.lessons.models import tokenize
 
-__all__ = ["BANANA_FACTORY", "BANANA_MODEL_SECONDS", "banana_stages_for_triton", "check_batching_where_it_pays",
-           "check_ensemble_on_triton", "check_third_model"]
+__all__ = ["BANANA_FACTORY", "BANANA_MAX_BATCH", "BANANA_MODEL_SECONDS", "banana_stages_for_triton",
+           "check_batching_where_it_pays", "check_ensemble_on_triton", "check_third_model"]
 
 BANANA_MODEL_SECONDS = 0.1
 """How long modelA and modelB of :func:`banana_stages_for_triton` take per call, in seconds."""
+
+BANANA_MAX_BATCH = 64
+"""The ``max_batch_size`` of each of the four models: Triton refuses an ensemble that allows more."""
 
 # The factory Triton's model processes import to rebuild exercise 7.1's graph (module:function).
 BANANA_FACTORY = "infergraph_lite.exercises.lesson07:banana_stages_for_triton"
@@ -48,11 +51,12 @@ def banana_stages_for_triton() -> dict[str, tuple[Stage, list[str]]]:
             return [count(text) for text in batch]
         return model
 
+    most = BANANA_MAX_BATCH
     return {
-        "pre": (Stage(fn=lambda texts: [t.strip().lower() for t in texts], max_batch_size=64), ["text"]),
-        "modelA": (Stage(fn=slow(len), max_batch_size=64), ["pre"]),
-        "modelB": (Stage(fn=slow(lambda s: s.count("a")), max_batch_size=64), ["pre"]),
-        "combine": (Stage(fn=lambda pairs: [{"len": n, "a_count": a} for n, a in pairs], max_batch_size=64),
+        "pre": (Stage(fn=lambda texts: [t.strip().lower() for t in texts], max_batch_size=most), ["text"]),
+        "modelA": (Stage(fn=slow(len), max_batch_size=most), ["pre"]),
+        "modelB": (Stage(fn=slow(lambda s: s.count("a")), max_batch_size=most), ["pre"]),
+        "combine": (Stage(fn=lambda pairs: [{"len": n, "a_count": a} for n, a in pairs], max_batch_size=most),
                     ["modelA", "modelB"]),
     }
 
@@ -61,8 +65,10 @@ def banana_stages_for_triton() -> dict[str, tuple[Stage, list[str]]]:
 def check_ensemble_on_triton(config: str | Callable[[], str]) -> str:
     """Exercise 07.1 (5.4 for real): the learner's ensemble, loaded into a running Triton and queried.
 
-    The members are the seed's four nodes, generated with the tensor names the ensemble uses.  Checks the
-    answer for two texts and that modelA and modelB ran at the same time (each takes 0.1 s).
+    The members are the seed's four nodes, generated with the tensor names the ensemble uses, each with
+    ``max_batch_size`` :data:`BANANA_MAX_BATCH`: Triton refuses to load an ensemble whose ``max_batch_size`` is
+    larger than a member's, so that is checked first.  Checks the answer for two texts and that modelA and modelB
+    ran at the same time (each takes 0.1 s).
     """
     config_text = config() if callable(config) else config
     if not config_text.strip():
@@ -71,6 +77,10 @@ def check_ensemble_on_triton(config: str | Callable[[], str]) -> str:
         graph = ensemble_to_graph(config_text)
     except TritonConfigError as err:
         raise WrongAnswer(str(err)) from None
+    batch = graph.config.max_batch_size
+    require(batch <= BANANA_MAX_BATCH,
+            f"max_batch_size {batch} is larger than the {BANANA_MAX_BATCH} each of the four models allows: Triton "
+            "refuses to load an ensemble whose max_batch_size is larger than one of its models'")
     unavailable = triton_available()
     with tempfile.TemporaryDirectory(prefix="infergraph-check-") as folder:
         try:
