@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from infergraph_lite import TraceEvent, run_graph
+from infergraph_lite import TraceEvent, run_graph, simulate_llm
 from infergraph_lite.lessons.examples import listing_graph, listing_image, text_pipeline
 from infergraph_lite.lessons.models import (
     HashingEmbedder,
@@ -18,7 +18,7 @@ from infergraph_lite.lessons.models import (
     tokenize,
     train_text_models,
 )
-from infergraph_lite.lessons.viz import draw_levels, edge_crossings, plot_timeline, to_networkx
+from infergraph_lite.lessons.viz import draw_levels, edge_crossings, plot_slots, plot_timeline, to_networkx
 from tests.graphs import banana_nodes
 
 
@@ -90,6 +90,42 @@ def test_plot_timeline_has_units_rows_and_one_legend_entry_per_thread():
     assert ax.get_xlabel() == "time since the run started (ms)"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["thread 1", "thread 2", "critical path"]
     assert ax.patches[0].get_width() == pytest.approx(10.0)  # 10 ms bar for node a
+    plt.close("all")
+
+
+def _bars(ax, idle):
+    # (row, left, width) of the bars plot_slots drew: running (solid) or idle (hatched)
+    return sorted((round(p.get_y() + p.get_height() / 2), p.get_x(), p.get_width()) for p in ax.patches
+                  if bool(p.get_hatch()) == idle)
+
+
+@pytest.mark.parametrize("scheduling", ["static", "continuous"])
+def test_plot_slots_draws_each_request_in_its_slot_and_hatches_exactly_the_idle_time(scheduling):
+    lengths = [3, 8, 2, 6, 5, 1, 7, 4]
+    r = simulate_llm(n_requests=8, prompt_tokens=16, output_tokens=lengths, step_time=1.0, max_num_seqs=4,
+                     scheduling=scheduling, slot_placement="lru")
+    ax = plot_slots(r.first_token - 1, r.finish, r.slot, until=15, unit="engine steps", title=scheduling)
+    running, idle = _bars(ax, idle=False), _bars(ax, idle=True)
+    assert sorted(running) == sorted((int(s), f - 1 - (n - 1), n) for s, f, n in zip(r.slot, r.finish, lengths))
+    assert sum(w for *_, w in running) + sum(w for *_, w in idle) == 4 * 15   # every slot-step drawn once
+    assert sum(w for *_, w in idle) == 4 * 15 - sum(lengths)
+    assert sorted(t.get_text() for t in ax.texts) == sorted(str(i) for i in range(8))
+    assert ax.get_xlabel() == "time (engine steps)" and ax.get_ylabel() == "sequence slot"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["slot 0", "slot 1", "slot 2", "slot 3"]
+    assert len(ax.get_legend().get_texts()) == 2 and ax.get_title() == scheduling
+    plt.close("all")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(start=[0, 1], end=[2, 3], slot=[0, 0]), "overlap in slot 0"),
+    (dict(start=[0], end=[2, 3], slot=[0]), "one value per request"),
+    (dict(start=[2], end=[1], slot=[0]), "start <= end"),
+    (dict(start=[0], end=[1], slot=[-1]), "slot number >= 0"),
+    (dict(start=[0], end=[1], slot=[2], slots=2), "slots=2 but a request ran in slot 2"),
+])
+def test_plot_slots_refuses_what_no_engine_could_have_run(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        plot_slots(**kwargs)
     plt.close("all")
 
 

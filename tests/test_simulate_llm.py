@@ -171,7 +171,10 @@ def assert_agree(r: LLMResult, seqs, steps, preemptions):
     np.testing.assert_allclose(r.first_token, [s.times[0] for s in seqs], rtol=1e-12)
     np.testing.assert_allclose(r.finish, [s.times[-1] for s in seqs], rtol=1e-12)
     gaps = [max(np.diff(s.times)) if len(s.times) > 1 else np.nan for s in seqs]
-    np.testing.assert_allclose(r.max_tbt, gaps, rtol=1e-12)
+    np.testing.assert_allclose(r.max_itl, gaps, rtol=1e-12)
+    for k, s in enumerate(seqs):                  # every token's time, not only the longest gap
+        np.testing.assert_allclose(r.token_times(k), s.times, rtol=1e-12)
+    np.testing.assert_allclose(r.itl(), np.concatenate([np.diff(s.times) for s in seqs]), rtol=1e-12)
 
 
 # --- exact cases -------------------------------------------------------------------------------------------
@@ -183,7 +186,43 @@ def test_a_request_alone_takes_output_tokens_steps():
     np.testing.assert_allclose(r.e2e, [0.5, 3.5, 15.0])
     np.testing.assert_allclose(r.ttft, [0.5, 0.5, 0.5])
     np.testing.assert_allclose(r.tpot, [np.nan, 0.5, 0.5])
-    np.testing.assert_allclose(r.max_tbt, [np.nan, 0.5, 0.5])
+    np.testing.assert_allclose(r.max_itl, [np.nan, 0.5, 0.5])
+
+
+def test_tpot_is_each_requests_mean_itl_and_max_itl_its_longest_and_itl_pools_the_measured_gaps():
+    rng = np.random.default_rng(3)
+    n = 60
+    r = simulate_llm(n_requests=n, prompt_tokens=rng.integers(1, 300, n), output_tokens=rng.integers(1, 40, n),
+                     arrival_rate=20.0, step_time=lambda p, d, kv: 0.01 + 0.0002 * (p + d), max_num_seqs=8,
+                     max_num_batched_tokens=64, warmup=0.25, response_overhead=0.002, seed=1)
+    for k in range(n):
+        times = r.token_times(k)
+        assert len(times) == r.output_tokens[k]
+        assert times[0] == r.first_token[k] and math.isclose(times[-1], r.finish[k] - 0.002)
+        np.testing.assert_array_equal(r.itl(k), np.diff(times))
+        if len(times) > 1:
+            assert math.isclose(r.tpot[k], np.mean(np.diff(times))) and r.max_itl[k] == np.max(np.diff(times))
+    pooled = np.concatenate([r.itl(k) for k in range(r.warmup, n)])
+    np.testing.assert_array_equal(r.itl(), pooled)
+    np.testing.assert_array_equal(r.measured("itl"), pooled)
+    assert r.percentile(99, "itl") == np.percentile(pooled, 99) and r.mean("itl") == pooled.mean()
+    np.testing.assert_array_equal(r.max_tbt, r.max_itl)       # TBT: the same gaps by another name
+    assert r.percentile(99, "max_tbt") == r.percentile(99, "max_itl")
+    for bad in (-1, n, 1.0, True):
+        with pytest.raises(ValueError, match="request must be a request number"):
+            r.token_times(bad)
+
+
+def test_a_token_budget_bounds_every_gap_but_not_the_mean_time_per_token():
+    # Streams decoding when a long prompt arrives: unchunked, one step holds the whole prefill; with a budget of
+    # B tokens no step costs more than alpha + beta * B, so no gap does, while the stall's cost moves into TPOT.
+    kw = dict(n_requests=9, prompt_tokens=[32] * 8 + [3000], output_tokens=[200] * 8 + [10],
+              arrivals=[0.0] * 8 + [0.5], step_time=lambda p, d, kv: 0.015 + 0.0001 * (p + d), max_num_seqs=16)
+    whole = simulate_llm(**kw, chunked_prefill=False, max_num_batched_tokens=4096)
+    chunked = simulate_llm(**kw, max_num_batched_tokens=128)
+    streams = np.concatenate([chunked.itl(k) for k in range(8)])
+    assert streams.max() <= 0.015 + 0.0001 * 128 + 1e-12 < whole.max_itl[:8].max()
+    assert chunked.tpot[:8].mean() >= whole.tpot[:8].mean()
 
 
 def test_a_lone_requests_ttft_and_e2e_grow_by_exactly_the_overhead():
@@ -194,7 +233,7 @@ def test_a_lone_requests_ttft_and_e2e_grow_by_exactly_the_overhead():
     np.testing.assert_allclose(r.ttft, plain.ttft + 0.004, rtol=0, atol=1e-12)
     np.testing.assert_allclose(r.e2e, plain.e2e + 0.0055, rtol=0, atol=1e-12)
     np.testing.assert_allclose(r.tpot, plain.tpot, rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(r.max_tbt, plain.max_tbt)
+    np.testing.assert_array_equal(r.max_itl, plain.max_itl)
     assert (r.request_overhead, r.response_overhead) == (0.004, 0.0015)
 
 
@@ -204,7 +243,7 @@ def test_zero_overhead_changes_nothing_and_a_model_carries_its_own():
     linear = lambda p, d, kv: 0.002 + 1e-4 * p + 5e-4 * d + 1e-6 * kv   # noqa: E731
     plain = simulate_llm(**kw, step_time=linear)
     zero = simulate_llm(**kw, step_time=linear, request_overhead=0.0, response_overhead=0.0)
-    for name in ("first_token", "finish", "max_tbt", "steps_end", "steps_kv_tokens"):
+    for name in ("first_token", "finish", "max_itl", "steps_end", "steps_kv_tokens"):
         np.testing.assert_array_equal(getattr(zero, name), getattr(plain, name))
     assert zero.preemptions == plain.preemptions > 0
 
@@ -318,7 +357,7 @@ def test_prefill_first_stalls_decodes_and_decode_first_chunks_prefills():
               max_num_batched_tokens=1024)
     v1 = simulate_llm(**kw)
     v0 = simulate_llm(**kw, prefill_first=True)
-    assert v0.percentile(99, "max_tbt") > v1.percentile(99, "max_tbt")
+    assert v0.percentile(99, "max_itl") > v1.percentile(99, "max_itl")
     assert v0.mean("ttft") < v1.mean("ttft")
     assert (v1.steps_prefill_tokens + v1.steps_decode_seqs).max() == 1024     # prefills chunked to fill the budget
 

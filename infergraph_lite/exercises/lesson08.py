@@ -16,7 +16,7 @@ import numpy as np
 from infergraph_lite.exercises.feedback import WrongAnswer, checker, require
 from infergraph_lite.simulation.llm import simulate_llm
 
-__all__ = ["CHUNK_SCENARIO", "GOODPUT_WORKLOAD", "SLOT_CANDIDATES", "TPOT_TARGET", "check_chunk_budget",
+__all__ = ["CHUNK_SCENARIO", "GOODPUT_WORKLOAD", "SLOT_CANDIDATES", "TPOT_TARGET", "TTFT_TARGET", "check_chunk_budget",
            "check_conversations_that_fit", "check_goodput_slots", "check_goodput_table", "check_kv_cache_bytes",
            "check_ttft_cost", "chunk_stall", "goodput_of"]
 
@@ -61,53 +61,81 @@ def check_kv_cache_bytes(kv_cache_bytes: Callable[[Mapping[str, int], int], floa
     raise WrongAnswer(f"for {name} and {tokens} tokens you said {got:,.0f} bytes, expected {want:,.0f}: {hint}")
 
 
-# Exercise 8.2: the workload, the step time and the target the learner's goodput uses.
-TPOT_TARGET = 0.020   # seconds
-SLOT_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128)
+# Exercise 8.2: the workload, the step time and the SLOs the learner's goodput uses.
+TTFT_TARGET = 1.0     # seconds
+TPOT_TARGET = 0.025   # seconds
+SLOT_CANDIDATES = (1, 2, 4, 8, 12, 16, 24, 32, 64)
 GOODPUT_WORKLOAD: dict[str, Any] = {
     "n_requests": 400,
     "prompt_tokens": np.random.default_rng(2).integers(64, 512, 400),
     "output_tokens": np.minimum(256, np.ceil(np.random.default_rng(1).exponential(64, 400))).astype(int),
     "step_time": lambda prefill, decode, kv: 0.010 + 0.0002 * (prefill + decode),
-    "arrival_rate": 20.0,
+    "arrival_rate": 7.0,
     "seed": 0,
 }
 
 
-def goodput_of(max_num_seqs: int, tpot_target: float = TPOT_TARGET) -> float:
-    """Requests per second that meet the TPOT target (one-token answers count as meeting it), over the makespan.
+def goodput_of(max_num_seqs: int, ttft_target: float = TTFT_TARGET, tpot_target: float = TPOT_TARGET) -> float:
+    """Requests per second that meet both SLOs (TTFT and TPOT; a one-token answer has no TPOT and meets that
+    one), over the run's makespan: vLLM's ``--goodput``, DistServe's goodput at one offered rate.
 
-    >>> round(goodput_of(8), 2)
-    5.16
+    >>> round(goodput_of(12), 2)
+    5.21
     """
     r = simulate_llm(**GOODPUT_WORKLOAD, max_num_seqs=max_num_seqs)
-    met = np.nan_to_num(r.tpot, nan=0.0) <= tpot_target
+    met = (r.ttft <= ttft_target) & (np.nan_to_num(r.tpot, nan=0.0) <= tpot_target)
     return float(met.sum() / r.makespan)
+
+
+def _goodput_mistakes(max_num_seqs: int) -> dict[str, float]:
+    # What plausible wrong answers give for one slot count, each with the hint that names the mistake.
+    r = simulate_llm(**GOODPUT_WORKLOAD, max_num_seqs=max_num_seqs)
+    ttft_ok = r.ttft <= TTFT_TARGET
+    tpot_ok = np.nan_to_num(r.tpot, nan=0.0) <= TPOT_TARGET
+    both = ttft_ok & tpot_ok
+    return {
+        "you counted requests that miss the TTFT SLO: a request that waited too long for its first token is not "
+        "good, however fast its tokens came after (count only those that meet both SLOs)": tpot_ok.sum() / r.makespan,
+        "you counted requests that miss the TPOT SLO: count only those that meet both": ttft_ok.sum() / r.makespan,
+        "you counted requests that meet either SLO: a good request meets both": (ttft_ok | tpot_ok).sum() / r.makespan,
+        "that is the throughput of every request: goodput counts only those that meet both SLOs":
+            len(r.ttft) / r.makespan,
+        "a one-token answer has no TPOT (NaN) and must count as meeting the TPOT SLO (np.nan_to_num(r.tpot, "
+        "nan=0.0)); a NaN compared with <= is False": (ttft_ok & (r.tpot <= TPOT_TARGET)).sum() / r.makespan,
+        "goodput is a rate: divide the requests that meet both SLOs by the makespan (seconds), not by the number "
+        "of requests": both.mean(),
+    }
 
 
 @checker
 def check_goodput_slots(goodput: Callable[[int], float], best_slots: int | Callable[[], int]) -> str:
-    """Exercise 08.2: the goodput of a slot count, and the count among SLOT_CANDIDATES that maximises it."""
+    """Exercise 08.2: the goodput of a slot count (TTFT and TPOT SLOs), and the candidate that maximises it."""
     table = {s: goodput_of(s) for s in SLOT_CANDIDATES}
-    for s in (4, 16, 64):
+    for s in (8, 12, 32):
         got = goodput(s)
         want = table[s]
+        require(isinstance(got, (int, float, np.integer, np.floating)) and not isinstance(got, bool),
+                f"goodput({s}) must return a number (requests per second), got {got!r}")
         if not math.isclose(got, want, rel_tol=1e-6):
-            r = simulate_llm(**GOODPUT_WORKLOAD, max_num_seqs=s)
-            hint = "count only the requests whose tpot is at most TPOT_TARGET, divided by the makespan"
-            if math.isclose(got, r.request_throughput, rel_tol=1e-6) or math.isclose(got, len(r.tpot) / r.makespan,
-                                                                                     rel_tol=1e-6):
-                hint = "that is the throughput of every request: goodput counts only those that meet the TPOT target"
+            hint = "count the requests whose ttft <= TTFT_TARGET and whose tpot <= TPOT_TARGET, over the makespan"
+            for mistake, value in _goodput_mistakes(s).items():
+                if math.isclose(got, value, rel_tol=1e-6) and not math.isclose(value, want, rel_tol=1e-6):
+                    hint = mistake
+                    break
             raise WrongAnswer(f"goodput({s}) gave {got:.4g}, expected {want:.4g}: {hint}")
     best = best_slots() if callable(best_slots) else best_slots
     want_best = max(SLOT_CANDIDATES, key=lambda s: table[s])
     if best != want_best:
+        tpot_only = max(SLOT_CANDIDATES, key=lambda s: goodput_of(s, ttft_target=math.inf))
+        if best == tpot_only:
+            raise WrongAnswer(f"{best} slots give the most requests within the TPOT SLO, but with so few slots "
+                              "requests queue and miss the TTFT SLO: compare goodput with both SLOs")
         if best == max(SLOT_CANDIDATES):
-            raise WrongAnswer(f"{best} slots maximise throughput, but their TPOT misses the target for most requests")
+            raise WrongAnswer(f"{best} slots maximise throughput, but their TPOT misses the SLO for many requests")
         raise WrongAnswer(f"{best} slots give a goodput of {table.get(best, float('nan')):.3g} req/s; another "
                           "candidate gives more (compare goodput over every candidate)")
-    return (f"{want_best} slots: {table[want_best]:.2f} req/s meet the target; more slots raise throughput but "
-            "stretch every step, fewer leave capacity unused.")
+    return (f"{want_best} slots: {table[want_best]:.2f} req/s meet both SLOs; fewer slots make requests queue past "
+            "the TTFT SLO, more stretch every step past the TPOT SLO.")
 
 
 # Exercise 8.3: notebook 08's long-prompt scenario, with its step profile (15 ms + 0.07 ms per token).
@@ -122,19 +150,19 @@ CHUNK_SCENARIO: dict[str, Any] = {
 
 
 def chunk_stall(budget: int) -> tuple[float, float]:
-    """(longest gap of the 16 streams, the long prompt's TTFT) in seconds, for a token budget per step.
+    """(the longest ITL of the 16 streams, the long prompt's TTFT) in seconds, for a token budget per step.
 
     >>> stall, ttft = chunk_stall(512)
     >>> round(1000 * stall, 1), round(1000 * ttft, 1)
     (50.8, 430.0)
     """
     r = simulate_llm(**CHUNK_SCENARIO, max_num_batched_tokens=budget)
-    return float(np.max(r.max_tbt[:16])), float(r.ttft[16])
+    return float(np.max(r.max_itl[:16])), float(r.ttft[16])
 
 
 @checker
 def check_chunk_budget(largest_budget: Callable[[float], int]) -> str:
-    """Exercise 08.3 (stretch): the largest token budget whose longest gap between tokens meets a target."""
+    """Exercise 08.3 (stretch): the largest token budget whose longest gap between tokens (max ITL) meets a target."""
     for target in (0.025, 0.04, 0.1):   # none falls on a whole token
         got = largest_budget(target)
         require(isinstance(got, (int, np.integer)) and got >= CHUNK_SCENARIO["max_num_seqs"],
@@ -173,7 +201,7 @@ def check_goodput_table(goodput_table: Callable[[], tuple[list[int], list[float]
         require(math.isclose(t, want, rel_tol=1e-6), f"throughput at {s} slots: you said {t:.4g}, expected {want:.4g}")
         require(math.isclose(g, goodput_of(s), rel_tol=1e-6),
                 f"goodput at {s} slots: you said {g:.4g}, expected {goodput_of(s):.4g}")
-    return "throughput rises with the slots; goodput peaks and falls."
+    return "throughput rises with the slots until it carries the offered load; goodput peaks and falls."
 
 
 @checker

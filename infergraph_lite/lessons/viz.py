@@ -4,8 +4,8 @@ Nothing here runs a graph: it draws what :mod:`graph` computes and what the
 executors recorded.  Every plot gets a title, axis labels with units and a
 legend where more than one thing is drawn.
 
-Introduced in notebook 02 (:func:`draw_levels`, :func:`show_source`) and
-notebook 03 (:func:`plot_timeline`).
+Introduced in notebook 02 (:func:`draw_levels`, :func:`show_source`),
+notebook 03 (:func:`plot_timeline`) and notebook 08 (:func:`plot_slots`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from typing import Any, NamedTuple
 
 import matplotlib.pyplot as plt
 import networkx as nx
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
 from infergraph_lite.core.graph import Graph, levels
 
-__all__ = ["draw_levels", "edge_crossings", "plain_log_ticks", "plot_timeline", "show_source", "to_networkx"]
+__all__ = ["draw_levels", "edge_crossings", "plain_log_ticks", "plot_slots", "plot_timeline", "show_source",
+           "to_networkx"]
 
 
 def show_source(obj: Any) -> Any:
@@ -372,5 +374,70 @@ def plot_timeline(
         handles.append(Patch(facecolor="white", edgecolor="tab:red", linewidth=2.5, label="critical path"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.set_xlim(left=0)
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def plot_slots(
+    start: Sequence[float] | np.ndarray,
+    end: Sequence[float] | np.ndarray,
+    slot: Sequence[int] | np.ndarray,
+    *,
+    title: str = "Slots over time",
+    ax: Axes | None = None,
+    unit: str = "steps",
+    until: float | None = None,
+    slots: int | None = None,
+) -> Axes:
+    """A Gantt chart of an engine's sequence slots: one row per slot, a bar per request, idle time hatched.
+
+    Request ``i`` runs in slot ``slot[i]`` from ``start[i]`` to ``end[i]`` (in ``unit``); its number is written on
+    its bar.  Whatever a slot does not run between 0 and ``until`` (default: the last end) is drawn hatched as
+    idle.  ``slots`` rows are drawn (default: the highest slot used + 1).  Two slots, a request waiting for
+    the first to free its slot:
+
+    >>> ax = plot_slots(start=[0, 0, 3], end=[3, 5, 5], slot=[0, 1, 0], title="Two slots")
+    >>> [t.get_text() for t in ax.get_yticklabels()], ax.get_xlabel(), ax.get_title()
+    (['slot 0', 'slot 1'], 'time (steps)', 'Two slots')
+    >>> [t.get_text() for t in ax.get_legend().get_texts()]
+    ['running a request (its number on the bar)', 'slot idle']
+    >>> plt.close(ax.figure)
+    """
+    start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
+    where = np.asarray(slot)
+    if not (start.shape == end.shape == where.shape) or start.ndim != 1 or len(start) == 0:
+        raise ValueError(f"start, end and slot must be one value per request, got shapes {start.shape}, "
+                         f"{end.shape}, {where.shape}")
+    if where.dtype.kind not in "iu" or np.any(where < 0) or not np.all(np.isfinite(start + end)) or np.any(end < start):
+        raise ValueError("each request needs a slot number >= 0 and finite times with start <= end")
+    rows = int(where.max()) + 1 if slots is None else int(slots)
+    if rows <= where.max():
+        raise ValueError(f"slots={rows} but a request ran in slot {int(where.max())}")
+    horizon = float(end.max()) if until is None else float(until)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.5 * rows + 1.4))
+    for s in range(rows):
+        mine = np.flatnonzero(where == s)
+        mine = mine[np.argsort(start[mine])]
+        if np.any(start[mine][1:] < end[mine][:-1]):
+            raise ValueError(f"two requests overlap in slot {s}: a slot runs one request at a time")
+        free = 0.0
+        for i in mine:
+            if start[i] > free:
+                ax.barh(s, start[i] - free, left=free, color="0.93", edgecolor="0.6", hatch="//", linewidth=0.5)
+            ax.barh(s, end[i] - start[i], left=start[i], color="tab:blue", edgecolor="black", linewidth=0.8)
+            ax.text((start[i] + end[i]) / 2, s, str(i), ha="center", va="center", color="white", fontsize=9)
+            free = max(free, end[i])
+        if horizon > free:
+            ax.barh(s, horizon - free, left=free, color="0.93", edgecolor="0.6", hatch="//", linewidth=0.5)
+    ax.set_yticks(range(rows), [f"slot {s}" for s in range(rows)])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_ylabel("sequence slot")
+    ax.set_title(title)
+    ax.set_xlim(0, max(horizon, float(end.max())))
+    handles = [Patch(facecolor="tab:blue", edgecolor="black", label="running a request (its number on the bar)"),
+               Patch(facecolor="0.93", edgecolor="0.6", hatch="//", label="slot idle")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return ax

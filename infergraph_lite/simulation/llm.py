@@ -17,6 +17,7 @@ import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -34,17 +35,30 @@ Lengths = int | Sequence[int] | np.ndarray
 class LLMResult(LatencySummary):
     """Per-request times of a simulated LLM engine run, and their summaries.
 
+    The metrics are vLLM's (``vllm bench serve``): ``ttft``, time to first token; ``tpot``, a request's mean time
+    per output token after the first, (last token - first token) / (tokens - 1); ITL, the inter-token latency,
+    every gap between two consecutive tokens of a request (:meth:`itl`; TBT, time between tokens, is another
+    name for it), and ``max_itl``, each request's longest; ``e2e`` (vLLM's E2EL), arrival to the answer's end.
+    A request's TPOT is the mean of its ITLs: a single long gap hides in the mean and shows in the maximum.
+
     Per-request arrays hold every request, in request order; the summaries (``mean``, ``percentile``,
-    ``throughput``) leave out the first ``warmup`` fraction.  ``tpot`` and ``max_tbt`` are NaN for a request
+    ``throughput``) leave out the first ``warmup`` fraction.  ``tpot`` and ``max_itl`` are NaN for a request
     with one output token (it has no gap), and the summaries skip them.  The ``steps_*`` arrays describe every
     engine step: its end time, prefill tokens, decoding sequences, KV tokens held and KV slots allocated.
+
+    >>> r = simulate_llm(n_requests=2, prompt_tokens=[8, 64], output_tokens=[4, 2], arrivals=[0.0, 0.015],
+    ...                  step_time=lambda prefill, decode, kv: 0.010 + 0.001 * (prefill + decode), max_num_seqs=2)
+    >>> r.token_times(0).round(3), r.itl(0).round(3)     # request 1's 64-token prefill rides in step 2
+    (array([0.018, 0.093, 0.105, 0.116]), array([0.075, 0.012, 0.011]))
+    >>> round(float(r.tpot[0]), 3), round(float(r.max_itl[0]), 3)     # the mean gap, and the longest
+    (0.033, 0.075)
     """
 
     arrival: np.ndarray
     first_token: np.ndarray     # when each request's first output token came (end of its prefill step)
     finish: np.ndarray          # when its answer was complete: its last token came, + response_overhead
     output_tokens: np.ndarray   # tokens generated
-    max_tbt: np.ndarray         # the longest gap between two consecutive tokens
+    max_itl: np.ndarray         # the longest gap between two consecutive tokens (inter-token latency)
     throughput: float           # output tokens per second over the measured window
     request_throughput: float   # requests finished per second over the measured window
     makespan: float             # first arrival to last finish
@@ -63,6 +77,9 @@ class LLMResult(LatencySummary):
     wake: float = 0.0                # seconds added to a step that found the engine idle (see simulate_llm)
     idle_after: float = math.inf     # how long the engine must have been idle for that
     wakes: int = 0                   # steps that paid ``wake``
+    # Each run of a request's tokens at consecutive steps: (request, its first token's time, its first and last
+    # decode step); the tokens after the first come at the ends of those decode steps.  See token_times.
+    token_runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def e2e(self) -> np.ndarray:
@@ -77,20 +94,71 @@ class LLMResult(LatencySummary):
 
     @property
     def tpot(self) -> np.ndarray:
-        """Mean time per output token after the first."""
+        """Time per output token: a request's mean gap between tokens after the first (vLLM's TPOT)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             decoding = self.finish - self.response_overhead - self.first_token
             return np.where(self.output_tokens > 1, decoding / (self.output_tokens - 1), np.nan)
 
+    @property
+    def max_tbt(self) -> np.ndarray:
+        """The same as :attr:`max_itl` (TBT, time between tokens, is another name for the inter-token latency)."""
+        return self.max_itl
+
+    @cached_property
+    def _tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        # (request, time) of every output token, sorted by request, then time: each run's first token, then one
+        # at the end of each of its decode steps.
+        if self.token_runs is None:
+            raise ValueError("this result records no token times (token_runs is None)")
+        req, first, lo, hi = self.token_runs
+        order = np.lexsort((first, req))
+        req, first, lo, hi = req[order], first[order], lo[order], hi[order]
+        decode_end = self.steps_end[self.steps_decode_seqs > 0]
+        decodes = np.maximum(hi - lo + 1, 0)
+        start = np.cumsum(decodes + 1) - (decodes + 1)      # where each run's first token goes
+        times = np.empty(int(decodes.sum()) + len(req))
+        times[start] = first
+        within = np.arange(int(decodes.sum())) - np.repeat(np.cumsum(decodes) - decodes, decodes)
+        times[np.repeat(start + 1, decodes) + within] = decode_end[np.repeat(lo, decodes) + within]
+        return np.repeat(req, decodes + 1), times
+
+    @cached_property
+    def _gaps(self) -> tuple[np.ndarray, np.ndarray]:
+        # (request, gap) of every gap between two consecutive tokens of a request, in request order.
+        req, times = self._tokens
+        same = req[1:] == req[:-1]
+        return req[1:][same], np.diff(times)[same]
+
+    def token_times(self, request: int) -> np.ndarray:
+        """When each output token of ``request`` came, in seconds (its last: ``finish - response_overhead``)."""
+        if isinstance(request, bool) or not isinstance(request, (int, np.integer)) or not (
+                0 <= request < len(self.arrival)):
+            raise ValueError(f"request must be a request number in [0, {len(self.arrival)}), got {request!r}")
+        req, times = self._tokens
+        lo, hi = np.searchsorted(req, [request, request + 1])
+        return times[lo:hi].copy()
+
+    def itl(self, request: int | None = None) -> np.ndarray:
+        """Inter-token latencies: every gap between two consecutive tokens of ``request``, in seconds; with no
+        ``request``, every gap of every measured request (after the warm-up), in request order, as vLLM pools
+        them for its ITL percentiles.  ``tpot`` is a request's mean gap, ``max_itl`` its longest."""
+        if request is not None:
+            return np.diff(self.token_times(request))
+        req, gaps = self._gaps
+        return gaps[req >= self.warmup]
+
     def measured(self, of: str = "e2e") -> np.ndarray:
-        """The per-request metric ``of`` (e2e, ttft, tpot, max_tbt) after the warm-up, NaNs left out."""
-        if of not in ("e2e", "ttft", "tpot", "max_tbt"):
-            raise ValueError(f"of must be one of 'e2e', 'ttft', 'tpot', 'max_tbt', got {of!r}")
+        """The metric ``of`` after the warm-up, NaNs left out: per request (e2e, ttft, tpot, max_itl), or "itl",
+        every gap between tokens of the measured requests (so ``percentile(99, "itl")`` is vLLM's p99 ITL)."""
+        if of == "itl":
+            return self.itl()
+        if of not in ("e2e", "ttft", "tpot", "max_itl", "max_tbt"):
+            raise ValueError(f"of must be one of 'e2e', 'ttft', 'tpot', 'max_itl', 'itl', got {of!r}")
         values = getattr(self, of)[self.warmup:]
         return values[~np.isnan(values)]
 
     def mean(self, of: str = "e2e") -> float:
-        """Mean of ``of`` (e2e, ttft, tpot, max_tbt) over the measured requests."""
+        """Mean of ``of`` (e2e, ttft, tpot, max_itl, itl) over the measured requests."""
         return float(self.measured(of).mean())
 
     @property
@@ -98,7 +166,8 @@ class LLMResult(LatencySummary):
         return self.mean("e2e")
 
     def percentile(self, q: float, of: str = "e2e") -> float:
-        """The q-th percentile of ``of`` over the measured requests: ``percentile(99, "ttft")`` is p99 TTFT."""
+        """The q-th percentile of ``of`` over the measured requests: ``percentile(99, "ttft")`` is p99 TTFT,
+        ``percentile(99, "itl")`` the p99 of every gap between tokens."""
         return latency_percentile(self.measured(of), q)
 
     @property
@@ -385,12 +454,13 @@ def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int,
     finish = np.array(e.finish_time) + response_overhead
     generated = np.array(e.generated)
     end, dt, prefill, decode, kv_tokens, kv_blocks = _steps(e)
-    max_tbt = _max_token_gaps(e, end[decode > 0])
+    runs = _token_runs(e)
+    max_itl = _max_token_gaps(e, end[decode > 0], runs)
     slots_time = float(np.sum(dt * kv_blocks)) * block_size
     makespan = float(finish.max() - times.min())
     window = float(finish[skip:].max() - times[skip])
     return LLMResult(
-        arrival=times, first_token=first, finish=finish, output_tokens=generated, max_tbt=max_tbt,
+        arrival=times, first_token=first, finish=finish, output_tokens=generated, max_itl=max_itl,
         throughput=float(generated[skip:].sum() / window) if window > 0 else math.inf,
         request_throughput=float((len(times) - skip) / window) if window > 0 else math.inf,
         makespan=makespan, preemptions=e.preemptions,
@@ -399,7 +469,7 @@ def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int,
                       if num_blocks != math.inf and makespan > 0 else math.nan),
         warmup=skip, steps_end=end, steps_prefill_tokens=prefill, steps_decode_seqs=decode,
         steps_kv_tokens=kv_tokens, steps_kv_slots=kv_blocks * block_size, request_overhead=request_overhead,
-        response_overhead=response_overhead)
+        response_overhead=response_overhead, token_runs=runs)
 
 
 def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
@@ -424,19 +494,27 @@ def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
     return end, dt, prefill, decode, kv_tokens, blocks
 
 
-def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray) -> np.ndarray:
-    # Each segment: a token at `first` (a prefill's end), then one at each decode step from..to.  Its longest
-    # gap is max(decode_end[from] - first, the longest decode-step-to-decode-step gap in from+1..to).
-    gaps = np.diff(decode_end)                     # gaps[k] = decode_end[k + 1] - decode_end[k]
-    # A request never preempted while decoding has one segment: first token, then decode steps from its
-    # decode start to its last token; the engine records only the others' segments.
+def _token_runs(e: LLMEngine) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    # Each segment (run of a request's tokens): its request, a token at `first` (a prefill's end), then one at
+    # each decode step lo..hi (none if hi < lo).  A request never preempted while decoding has one segment: first
+    # token, then decode steps from its decode start to its last token; the engine records only the others'.
     output = np.array(e.output, dtype=np.int64)
-    single = np.flatnonzero((np.array(e.version) == 0) & (output > 1))
+    single = np.flatnonzero(np.array(e.version) == 0)
     start = np.array(e.decode_start, dtype=np.int64)[single]
+    start[output[single] == 1] = 0                 # a one-token answer: no decode step (hi = lo - 1)
     req = np.concatenate([single, np.array(e.seg_request, dtype=np.int64)])
     first = np.concatenate([np.array(e.first_token)[single], e.seg_first])
     lo = np.concatenate([start, np.array(e.seg_from, dtype=np.int64)])
     hi = np.concatenate([start + output[single] - 2, np.array(e.seg_to, dtype=np.int64)])
+    return req, first, lo, hi
+
+
+def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray,
+                    runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    # Each segment's longest gap is max(decode_end[lo] - first, the longest decode-step-to-decode-step gap in
+    # lo+1..hi); a request's is the longest of its segments' and of the gaps between them (e.max_gap).
+    gaps = np.diff(decode_end)                     # gaps[k] = decode_end[k + 1] - decode_end[k]
+    req, first, lo, hi = runs
     has = hi >= lo
     seg_max = np.full(len(req), np.nan)
     seg_max[has] = decode_end[lo[has]] - first[has]
