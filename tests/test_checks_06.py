@@ -55,21 +55,21 @@ def right_for_the_chain(rule):
 
 
 def test_fewest_replicas_accepts_the_worked_answer():
-    assert lesson06.check_fewest_replicas(fewest_replicas).passed
+    assert lesson06.check_fewest_replicas_for_p99(fewest_replicas).passed
 
 
 def test_fewest_replicas_rejects_sizing_on_offered_load_which_misses_the_target():
-    assert_wrong(lesson06.check_fewest_replicas(sized_by("offered_load")), "chain graph", "give p99 10.65 ms",
+    assert_wrong(lesson06.check_fewest_replicas_for_p99(sized_by("offered_load")), "chain graph", "give p99 10.65 ms",
                  "longest tail is at 'embed'", "busy 100% of the time at 39% offered load")
 
 
 def test_fewest_replicas_rejects_sizing_on_busy_fraction_which_overbuys_the_batching_stage():
-    assert_wrong(lesson06.check_fewest_replicas(sized_by("utilization")), "with 12 in all, but 7 suffice",
+    assert_wrong(lesson06.check_fewest_replicas_for_p99(sized_by("utilization")), "with 12 in all, but 7 suffice",
                  "'embed' needs only 2", "busy 97% of the time at 19% offered load", "batches grow")
 
 
 def test_fewest_replicas_rejects_busy_fraction_buying_the_batching_stage_a_replica_the_tail_does_not_need():
-    assert_wrong(lesson06.check_fewest_replicas(right_for_the_chain(sized_by("utilization"))), "example graph",
+    assert_wrong(lesson06.check_fewest_replicas_for_p99(right_for_the_chain(sized_by("utilization"))), "example graph",
                  "longest tail is at 'modelB'", "busy 61% of the time at 60% offered load")
 
 
@@ -78,13 +78,13 @@ def test_fewest_replicas_rejects_sizing_as_if_no_stage_batched():
         return {name: math.ceil(rate * mean_service_time(stage.service_time, 1) / 0.8)
                 for name, (stage, _) in stages.items()}
 
-    assert_wrong(lesson06.check_fewest_replicas(no_batching), "but 7 suffice", "'embed' needs only 2")
+    assert_wrong(lesson06.check_fewest_replicas_for_p99(no_batching), "but 7 suffice", "'embed' needs only 2")
 
 
 def test_fewest_replicas_rejects_a_stage_that_cannot_keep_up_and_a_malformed_answer():
-    assert_wrong(lesson06.check_fewest_replicas(lambda stages, rate, target: dict.fromkeys(stages, 1)),
+    assert_wrong(lesson06.check_fewest_replicas_for_p99(lambda stages, rate, target: dict.fromkeys(stages, 1)),
                  "cannot keep up")
-    assert_wrong(lesson06.check_fewest_replicas(lambda stages, rate, target: [1]), "for every stage")
+    assert_wrong(lesson06.check_fewest_replicas_for_p99(lambda stages, rate, target: [1]), "for every stage")
 
 
 def test_the_search_graph_is_met_on_offered_load_and_overbought_on_busy_fraction():

@@ -24,8 +24,8 @@ from infergraph_lite.simulation.graph import StageStats, simulate_graph
 from infergraph_lite.simulation.planning import brute_force_plan
 from infergraph_lite.simulation.queue import UnstableLoadError, simulate_batching
 
-__all__ = ["BATCHING_CHAIN", "BATCH_SIZES_06", "check_batching_plan", "check_fanout_p99", "check_fewest_replicas",
-           "check_join_p99", "fewest_replicas_for", "join_cases", "join_p99_of", "replica_cases", "with_replicas"]
+__all__ = ["BATCHING_CHAIN", "BATCH_SIZES_06", "check_batching_plan", "check_fanout_p99",
+           "check_fewest_replicas_for_p99", "check_join_p99", "fewest_replicas_for", "join_cases", "join_p99_of", "replica_cases", "with_replicas"]
 
 # Exercise 6.1: the fewest replicas for a p99 target.  Each case is a graph, an arrival rate (per ms) and a p99
 # target (ms), chosen so that sizing every stage to 80 % offered load or to 80 % busy fraction goes wrong in a
@@ -102,7 +102,7 @@ def _fractions(stats: StageStats) -> str:
 
 
 @checker
-def check_fewest_replicas(fewest_replicas: Callable[[dict, float, float], dict[str, int]]) -> str:
+def check_fewest_replicas_for_p99(fewest_replicas: Callable[[dict, float, float], dict[str, int]]) -> str:
     """Exercise 06.1: per-stage replicas whose simulated end-to-end p99 meets a target, the fewest in all."""
     for case, (stages, rate, target) in _replica_cases().items():
         replicas = fewest_replicas(stages, rate, target)
