@@ -205,10 +205,11 @@ class LlamaCppClient:
         self.model = model
         self.api = api
         self._exit_reason = exit_reason
-        # One connection per request ("Connection: close"), as the old client had: llama.cpp drops kept-alive
-        # connections, and a request sent on a dropped one would fail, since nothing is retried.
-        self._openai = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, timeout=self.timeout,
-                                     max_retries=0, default_headers={"Connection": "close"})
+        # No retries (max_retries=0): a retry would hide a dead server.  And one connection per request
+        # ("Connection: close"): a pooled connection that llama.cpp had already closed failed a request ("Server
+        # disconnected without sending a response"), which nothing would retry.
+        self.openai_client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, timeout=self.timeout,
+                                           max_retries=0, default_headers={"Connection": "close"})
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="llm-client")
         self._lock = threading.Lock()
         self.completions: list[Completion] = []       # every answered request, in answer order
@@ -242,23 +243,28 @@ class LlamaCppClient:
             body["logit_bias"] = [[t, False] for t in self.banned_tokens]
         return body
 
-    def _stream(self, prompt: str | list[dict[str, Any]], n_predict: int) -> Iterable[Any]:
-        # The stream of chunks, each a dict: OpenAI's chunk objects are dumped with their extra fields (timings)
-        common = {"max_tokens": n_predict, "temperature": self.temperature, "seed": self.seed, "stream": True}
+    def _stream(self, prompt: str | list[dict[str, Any]], n_predict: int) -> Iterable[dict[str, Any]]:
+        """The answer's chunks as dicts, with the fields the OpenAI schema lacks (llama.cpp's ``timings``)."""
         if self.api == "llamacpp":
-            import openai
-
-            body = {"prompt": prompt, "n_predict": n_predict, **common, **self._extra_body(), "return_tokens": True}
-            events: Iterable[Any] = self._openai.post(self.url + "/completion", body=body, cast_to=object,
-                                                      stream=True, stream_cls=openai.Stream[object])
-            return events
-        options = {"model": self.model, **common, "stream_options": {"include_usage": True},
-                   "extra_body": self._extra_body()}
-        if isinstance(prompt, list):
-            stream = self._openai.chat.completions.create(messages=prompt, **options)  # type: ignore[call-overload]
+            return self._stream_llamacpp(prompt, n_predict)
+        options: dict[str, Any] = {"model": self.model, "max_tokens": n_predict, "temperature": self.temperature,
+                                   "seed": self.seed, "stream_options": {"include_usage": True},
+                                   "extra_body": self._extra_body()}
+        if isinstance(prompt, list):                # chat messages: the server applies its chat template
+            stream: Iterable[Any] = self.openai_client.chat.completions.create(messages=prompt, stream=True, **options)
         else:
-            stream = self._openai.completions.create(prompt=prompt, **options)  # type: ignore[call-overload]
-        return (chunk.model_dump() for chunk in stream)
+            stream = self.openai_client.completions.create(prompt=prompt, stream=True, **options)
+        return (chunk.model_dump() for chunk in stream)     # a chunk's extra fields are kept (its model_extra)
+
+    def _stream_llamacpp(self, prompt: str | list[dict[str, Any]], n_predict: int) -> Iterable[dict[str, Any]]:
+        # llama.cpp's own /completion stream (its events say the slot), through the same openai HTTP client
+        import openai
+
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": self.temperature, "seed": self.seed,
+                "stream": True, "return_tokens": True, **self._extra_body()}
+        events: Iterable[dict[str, Any]] = self.openai_client.post(
+            self.url + "/completion", body=body, cast_to=object, stream=True, stream_cls=openai.Stream[object])
+        return events
 
     def complete(self, item: str | CompletionRequest | Mapping[str, Any]) -> Completion:
         """Send one request and stream its answer (blocking); raises :class:`RequestError` on refusal.
@@ -404,7 +410,7 @@ class LlamaCppClient:
     def close(self) -> None:
         """Wait for open requests (each bounded by ``timeout``) and stop the threads."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._openai.close()
+        self.openai_client.close()
 
     def __enter__(self) -> LlamaCppClient:
         return self
