@@ -155,6 +155,16 @@ def tokens_per_decode(before: Mapping[str, float], after: Mapping[str, float]) -
     return d.get("tokens_predicted_total", 0.0) / calls if calls else math.nan
 
 
+def _event(chunk: Any) -> dict[str, Any]:
+    # The fields the client reads from one typed OpenAI chunk, llama.cpp's timings from its extra fields.  Not
+    # chunk.model_dump(): that costs the client CPU on every token, which on 2 cores the server pays for too.
+    choices = [{"text": c.delta.content if hasattr(c, "delta") else c.text, "finish_reason": c.finish_reason}
+               for c in chunk.choices]
+    usage = chunk.usage
+    return {"choices": choices, "timings": (chunk.model_extra or {}).get("timings"),
+            "usage": usage and {"completion_tokens": usage.completion_tokens, "prompt_tokens": usage.prompt_tokens}}
+
+
 class LlamaCppClient:
     """Streams completions from an OpenAI-compatible server; ``submit`` returns a Future of a :class:`Completion`.
 
@@ -251,10 +261,12 @@ class LlamaCppClient:
                                    "seed": self.seed, "stream_options": {"include_usage": True},
                                    "extra_body": self._extra_body()}
         if isinstance(prompt, list):                # chat messages: the server applies its chat template
-            stream: Iterable[Any] = self.openai_client.chat.completions.create(messages=prompt, stream=True, **options)
+            messages: Any = prompt                  # OpenAI's typed message dicts: {'role': ..., 'content': ...}
+            stream: Iterable[Any] = self.openai_client.chat.completions.create(messages=messages, stream=True,
+                                                                               **options)
         else:
             stream = self.openai_client.completions.create(prompt=prompt, stream=True, **options)
-        return (chunk.model_dump() for chunk in stream)     # a chunk's extra fields are kept (its model_extra)
+        return (_event(chunk) for chunk in stream)
 
     def _stream_llamacpp(self, prompt: str | list[dict[str, Any]], n_predict: int) -> Iterable[dict[str, Any]]:
         # llama.cpp's own /completion stream (its events say the slot), through the same openai HTTP client
@@ -262,9 +274,9 @@ class LlamaCppClient:
 
         body = {"prompt": prompt, "n_predict": n_predict, "temperature": self.temperature, "seed": self.seed,
                 "stream": True, "return_tokens": True, **self._extra_body()}
-        events: Iterable[dict[str, Any]] = self.openai_client.post(
+        events: Iterable[Any] = self.openai_client.post(
             self.url + "/completion", body=body, cast_to=object, stream=True, stream_cls=openai.Stream[object])
-        return events
+        return events      # each event a dict (cast_to=object: the JSON as it came)
 
     def complete(self, item: str | CompletionRequest | Mapping[str, Any]) -> Completion:
         """Send one request and stream its answer (blocking); raises :class:`RequestError` on refusal.
@@ -290,8 +302,8 @@ class LlamaCppClient:
                 pieces.append(text)
             e2e = time.perf_counter() - start
         except openai.APIStatusError as error:     # the server answered, and refused: 400 for a too-long prompt
-            raise RequestError(f"{endpoint} answered {error.status_code}: {error.message}"[:700],
-                               error.status_code) from error
+            said = json.dumps(error.body) if error.body is not None else error.message     # the server's own words
+            raise RequestError(f"{endpoint} answered {error.status_code}: {said}"[:700], error.status_code) from error
         except (openai.APIError, OSError) as error:  # connection refused or broken off, a timeout, a broken stream
             raise self._broken_off(f"{endpoint} at {self.url} failed: {error!r}") from error
         if "finish" not in state:
