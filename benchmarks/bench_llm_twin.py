@@ -142,7 +142,7 @@ def prime_slots(server: LlamaCppServer, prompt: int) -> list[int]:
     unknown here: the run then cannot be replayed slot for slot, and this raises.
     """
     slots = server.n_parallel
-    with server.client(n_predict=4, max_in_flight=slots, timeout=60) as client:
+    with server.client(n_predict=4, max_in_flight=slots, timeout=60, api="llamacpp") as client:
         done = [f.result(timeout=60) for f in [client.submit(prompt_of(prompt)) for _ in range(slots)]]
     taken = sorted(c.slot for c in done)
     if taken != list(range(slots)):
@@ -162,7 +162,7 @@ def one_load(server: LlamaCppServer, profile: StepTimeProfile, rate: float, n: i
     arrivals = poisson_arrivals(rate, n, seed, exact_rate=True)
     lengths = [prompts[i % len(prompts)] for i in range(n)]
     primed = prime_slots(server, min(prompts)) if server.n_parallel > 1 else None
-    with server.client(n_predict=out, max_in_flight=n, timeout=120) as client:
+    with server.client(n_predict=out, max_in_flight=n, timeout=120, api="llamacpp") as client:   # with the slots
         cpu, started = cpu_seconds(server.pid), time.perf_counter()
         report = run_open_loop(client, arrivals, make_item=lambda i: CompletionRequest(prompt_of(lengths[i]), out))
         wall = time.perf_counter() - started

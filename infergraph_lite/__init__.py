@@ -39,6 +39,7 @@ from infergraph_lite.core.graph import (
     topological_order,
     validate_graph,
 )
+from infergraph_lite.core.llm_metrics import LLMMetrics
 from infergraph_lite.core.policy import AIMD, BatchPolicy
 from infergraph_lite.core.stage import Exponential, Stage, capacity
 from infergraph_lite.lessons.claims import ClaimError, expect
@@ -70,6 +71,7 @@ __all__ = [
     "GraphResult",
     "GraphServer",
     "InvalidNodeError",
+    "LLMMetrics",
     "LLMResult",
     "LoadReport",
     "MissingDependencyError",

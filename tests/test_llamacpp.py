@@ -370,6 +370,39 @@ def test_bad_requests_are_refused_before_sending(server8):
         LlamaCppClient("127.0.0.1:8080")
 
 
+def test_chat_and_both_endpoints_give_exact_counts_and_only_llamacpps_own_says_the_slot(server8):
+    messages = [{"role": "user", "content": prompt_of(6)}]
+    with server8.client(n_predict=9) as client:
+        chat = client.chat(messages)
+        plain = client.submit({"prompt": prompt_of(6), "n_predict": 7}).result(timeout=60)
+        metrics = client.llm_metrics(slo={"ttft": 60.0}, percentiles=(50, 99))
+    with server8.client(n_predict=7, api="llamacpp") as client:
+        native = client.complete(prompt_of(6))
+    assert chat.n_tokens == 9 and len(chat.token_times) == 9 and chat.prompt_tokens > 6, "the chat template's tokens"
+    assert plain.n_tokens == native.n_tokens == 7 and plain.prompt_tokens == native.prompt_tokens == 6
+    assert plain.text == native.text, "greedy: the same answer from both endpoints"
+    assert chat.slot == plain.slot == -1 and 0 <= native.slot < 8, "the OpenAI stream does not say the slot"
+    assert {"predicted_n", "prompt_ms"} <= set(chat.server_timings) and native.server_timings["predicted_n"] == 7
+    assert metrics.completed == 2 and metrics.output_tokens == 16 and metrics.good == 2
+    assert metrics.ttft.median == pytest.approx(np.median([chat.ttft, plain.ttft]))
+
+
+def test_a_server_that_streams_several_tokens_to_a_chunk_and_no_timings_is_counted_by_its_usage(monkeypatch):
+    # vLLM or SGLang: no llama.cpp timings; a chunk's text may hold two tokens; the usage chunk has the count.
+    chunks = [{"choices": [{"text": "a", "finish_reason": None}]}, {"choices": [{"text": "bc", "finish_reason": None}]},
+              {"choices": [{"text": "", "finish_reason": "length"}]},
+              {"choices": [], "usage": {"completion_tokens": 3, "prompt_tokens": 5}}]
+    with LlamaCppClient("http://127.0.0.1:1", n_predict=3) as client:
+        monkeypatch.setattr(client, "_stream", lambda prompt, n: iter(chunks))
+        done = client.complete("x")
+        monkeypatch.setattr(client, "_stream", lambda prompt, n: iter(chunks[:2]))
+        with pytest.raises(RequestError, match="without its final event"):
+            client.complete("x")
+    assert (done.n_tokens, done.prompt_tokens, done.text, done.stop_type) == (3, 5, "abc", "limit")
+    assert done.token_times[1] == done.token_times[2], "the tokens of one chunk arrived together"
+    assert done.slot == -1 and done.server_timings == {}
+
+
 def test_a_prompt_longer_than_a_slot_is_an_error_naming_the_context(server8):
     assert server8.slot_ctx == 256
     with server8.client() as client, pytest.raises(RequestError, match="context") as caught:
@@ -490,14 +523,17 @@ def test_the_simulators_slot_placement_picks_the_slots_the_real_server_picks(mod
 
     first, together, again = [16, 20, 16, 28, 24], [24, 24, 24], [16, 20, 24, 28, 12]
     with LlamaCppServer(model, n_parallel=4, n_ctx=4 * 256, threads=1) as server, \
-            server.client(n_predict=4, max_in_flight=4) as client:
+            server.client(n_predict=4, max_in_flight=4, api="llamacpp") as client:   # the slot ids
         real = [client.complete(prompt_of(p)).slot for p in first]
-        real += sorted((f.result(timeout=60).slot for f in [client.submit(prompt_of(p)) for p in together]),
-                       reverse=True)
+        # 32 tokens each, so that the three overlap on the server however long the client takes to send them
+        # (a 4-token answer takes ~7 ms here, the three sends spread over a few ms); placement ignores the lengths
+        real += sorted((f.result(timeout=60).slot for f in [client.submit(CompletionRequest(prompt_of(p), 32))
+                                                            for p in together]), reverse=True)
         real += [client.complete(prompt_of(p)).slot for p in again]
     prompts = first + together + again
     arrivals = [float(k) for k in range(5)] + [5.0] * 3 + [6.0 + k for k in range(5)]
-    sim = simulate_llm(n_requests=len(prompts), prompt_tokens=prompts, output_tokens=4, step_time=0.01,
+    outputs = [4] * len(first) + [32] * len(together) + [4] * len(again)
+    sim = simulate_llm(n_requests=len(prompts), prompt_tokens=prompts, output_tokens=outputs, step_time=0.01,
                        max_num_seqs=4, arrivals=arrivals, slot_placement="prefix")
     together_sim = sorted(sim.slot[5:8].tolist(), reverse=True)
     assert real == sim.slot[:5].tolist() + together_sim + sim.slot[8:].tolist()

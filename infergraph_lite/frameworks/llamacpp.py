@@ -4,7 +4,8 @@
   GGUF with seeded random weights (nothing downloaded) and says what its KV cache costs per token;
 - :mod:`~infergraph_lite.frameworks.llamacpp_server`: :class:`LlamaCppServer`, llama.cpp's C++ server (the
   ``xllamacpp`` wheel) in its own process on 127.0.0.1, stopped by its PID, with named start-up errors;
-- :mod:`~infergraph_lite.frameworks.llamacpp_client`: :class:`LlamaCppClient`, streaming requests with
+- :mod:`~infergraph_lite.frameworks.llamacpp_client`: :class:`LlamaCppClient`, streaming requests on the
+  OpenAI-compatible API (the `openai` package) with
   futures (TTFT, inter-token gaps, e2e per request), the server's ``/metrics`` and ``/slots``, and
   :class:`SlotMonitor` (busy slots over time);
 - :mod:`~infergraph_lite.frameworks.llamacpp_profile`: :func:`profile_step_time` measures a step's time against

@@ -377,7 +377,9 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     """Measure llama.cpp's step time against what a step holds, and fit :func:`fit_step_time` to it.
 
     ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (its ``client()`` is
-    used) or a :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient`.  ``concurrencies``
+    used, on llama.cpp's own endpoint, for the slots) or a
+    :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient` (made with ``api="llamacpp"``, or the
+    micro-batches are unknown: the OpenAI-compatible stream does not say the slot).  ``concurrencies``
     defaults to 1, 2, 4, ... up to the server's ``n_parallel``; each is measured ``repeats`` times with
     ``c`` requests of each of ``prompt_tokens`` prompt tokens (several lengths, so that the context term is
     fitted over a range of contexts instead of extrapolated) and ``n_predict`` output tokens sent together.
@@ -427,7 +429,8 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     if isinstance(server, LlamaCppClient):
         client, own = server, False
     else:
-        client, own = server.client(max_in_flight=max(concurrencies) + 1, timeout=timeout), True
+        # llama.cpp's own /completion endpoint: its answers say which slot served each request (micro-batches)
+        client, own = server.client(max_in_flight=max(concurrencies) + 1, timeout=timeout, api="llamacpp"), True
     # Joins beside each concurrency below n_parallel, and beside n_parallel - 1 (the fullest a join can find).
     joins = sorted({c for c in concurrencies if n_parallel is None or c < n_parallel}
                    | ({n_parallel - 1} if n_parallel and n_parallel > 1 else set())) if mixed else []

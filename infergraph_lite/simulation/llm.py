@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_fraction, check_non_negative_int, check_number
+from infergraph_lite.core.llm_metrics import LLMMetrics
 from infergraph_lite.core.metrics import LatencySummary, latency_percentile
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
 
@@ -169,6 +170,22 @@ class LLMResult(LatencySummary):
         """The q-th percentile of ``of`` over the measured requests: ``percentile(99, "ttft")`` is p99 TTFT,
         ``percentile(99, "itl")`` the p99 of every gap between tokens."""
         return latency_percentile(self.measured(of), q)
+
+    def metrics(self, slo: Mapping[str, float] | None = None, percentiles: Sequence[float] = (99,)) -> LLMMetrics:
+        """vLLM's serving metrics of the measured requests (after the warm-up), the real client's record.
+
+        TTFT, TPOT, ITL and E2EL from each request's token times since its arrival (E2EL: to ``finish``), the
+        throughputs over the first measured arrival to the last finish, goodput for ``slo`` (seconds).
+
+        >>> r = simulate_llm(n_requests=4, prompt_tokens=8, output_tokens=3, step_time=0.01, max_num_seqs=2)
+        >>> m = r.metrics(slo={"ttft": 0.025})
+        >>> round(m.tpot.mean, 3), m.good, m.completed      # the second pair waits a prefill and two decodes
+        (0.01, 2, 4)
+        """
+        measured = range(self.warmup, len(self.arrival))
+        return LLMMetrics.from_token_times([self.token_times(i) - self.arrival[i] for i in measured],
+                                           sent=self.arrival[self.warmup:], e2el=self.e2e[self.warmup:], slo=slo,
+                                           percentiles=percentiles)
 
     @property
     def steps(self) -> int:
