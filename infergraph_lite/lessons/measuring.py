@@ -365,7 +365,7 @@ class LoadNumbers:
     mean_batch: float
     row: ValidationRow
     batches: tuple[int, int, int]  # batches formed: by the server, by the forecast twin (0 without one), the replay
-    work_per_item_ms: float = math.nan  # the slope of the batches' CPU against their size: the model's cost per item
+    work_vs_forecast: float = math.nan  # the batches' CPU seconds over the forecast's time for batches of their sizes
 
     @property
     def sent_ratio(self) -> float:
@@ -413,8 +413,8 @@ def serve_load(batcher: Any, rate: float, n: int, make_item: Callable[[int], Any
     forecast_row = summary(predicted.latencies) if predicted else (math.nan, math.nan)
     row = ValidationRow(load, summary(run.from_send), forecast_row, summary(replayed.latencies))
     sizes, works = np.array([b.size for b in batches]), np.array([b.work for b in batches])
-    slope = float(np.polyfit(sizes, works, 1)[0]) if len(np.unique(sizes)) > 1 else float(np.mean(works / sizes))
+    work_vs_forecast = float(np.nansum(works) / sum(forecast(b) for b in sizes)) if forecast else math.nan
     return LoadNumbers(rate, run.rate(run.intended), run.rate(), run.from_schedule, run.from_send, 1e3 * cpu / n,
                        1e3 * float(np.nansum(works)) / n, len(records) / sum(1 / r.batch_size for r in records), row,
                        (len(batches), len(predicted.batches_size) if predicted else 0, len(replayed.batches_size)),
-                       1e3 * slope)
+                       work_vs_forecast)
