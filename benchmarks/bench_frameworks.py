@@ -6,7 +6,7 @@ Two graphs, said plainly:
   accelerator-like (each call waits 12 ms + 0.2 ms per item, as a GPU launch would, batching up to 16 without
   waiting).  Its stages sleep or call numpy, which release the interpreter lock, so one process serves it well.
 - *CPU-bound pure Python*: ``cpu_bound_stages()``, two stages of pure-Python arithmetic that hold the lock the
-  whole time, so threads of one process take turns and processes run at once (notebook 06 section 7).  Each
+  whole time, so threads of one process take turns and processes run at once (notebook 06 section 10).  Each
   stage is sized to about 2 ms per item on the machine that runs it (``rounds_for``, as notebook 07 does): fixed
   rounds took four times longer on one host than on another, which moves the graph's capacity, and with it the
   share of each batch that is fixed hand-off cost, from regime to regime.  Every engine serves the same rounds:

@@ -4,7 +4,7 @@ Each stage's batch function is profiled alone (median service time per batch siz
 re-measured when implausible); the twin is the same stage dict with those tables as service times, run by
 ``simulate_graph``.  The real server then takes open-loop Poisson load at fractions of the twin's bottleneck
 capacity, and every run's actual submit times are replayed through the twin, so each ratio compares the same
-arrivals.  Requests are long documents (60 reviews joined) so that the stages do real work (see notebook 06).
+arrivals.  Requests are long documents (60 reviews joined) so that the stages do real work.
 
 Targets: measured / simulated mean latency within 15 % below 70 % of the bottleneck's capacity; p99 ratios,
 the saturated throughput against the twin's capacity and the latency the server adds to a lone request are
@@ -13,7 +13,7 @@ explains most of a gap.
 
 Then threads against processes (issue 16) on a pure-Python CPU-bound chain of two equal stages
 (``cpu_bound_stages``, about a millisecond of work per item and stage on the machine that runs it:
-``rounds_for(0.001)``), as notebook 06 section 7 runs it.  Every batch records ``work``, the CPU seconds its
+``rounds_for(0.001)``), as notebook 06 section 10 runs it.  Every batch records ``work``, the CPU seconds its
 function used where it ran (the batcher's thread, or the worker process), and ``released``, when its worker was
 free again after answering its requests.
 
