@@ -1,4 +1,5 @@
-"""A real server's simulated twin, calibrated and its remaining gap taken apart (notebook 06, section 7).
+"""A real server's simulated twin, calibrated and its remaining gap taken apart (benchmarks/bench_graph_server.py;
+lesson 09 teaches the method).
 
 The twin of a :class:`~infergraph_lite.serving.graph_server.GraphServer` is its stage dict with each stage's
 work as ``service_time``, run by :func:`~infergraph_lite.simulation.graph.simulate_graph`: a CPU-time profile,
