@@ -361,6 +361,7 @@ class RayServeGraph:
         self._roots: set[int] = set()  # the processes Ray's node records it started
         self._owned: dict[int, None] = {}  # every process found under those roots, in order
         self._ray: LocalRayNode | None = None
+        self._closing: threading.Thread | None = None  # the thread running the last close's shutdown
         self._handle: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -410,8 +411,9 @@ class RayServeGraph:
                 return self
             except RayStartError as error:
                 self._stop_ray(min(30.0, max(deadline - time.monotonic(), 5.0)), broken=True)
-                # Only a taken port is worth another try; and only if the first one's driver let go of Ray.
-                if not error.port_taken or attempt == attempts or ray.is_initialized():
+                # Only a taken port is worth another try; and only once this driver has let go of the first node:
+                # a ray.shutdown still running on the close thread would tear down the next attempt's connection.
+                if not error.port_taken or attempt == attempts or not self._shut_down_by(deadline):
                     raise
             except BaseException:
                 self.close()
@@ -515,7 +517,7 @@ class RayServeGraph:
                 with contextlib.suppress(Exception):
                     node.stop()
 
-        worker = threading.Thread(target=shut_down, name="ray-serve-graph-close", daemon=True)
+        worker = self._closing = threading.Thread(target=shut_down, name="ray-serve-graph-close", daemon=True)
         worker.start()
         worker.join(timeout=max(0.6 * (deadline - time.monotonic()), 0.0))
         stopped = stop_processes(pids, **within(deadline - time.monotonic()))
@@ -523,6 +525,14 @@ class RayServeGraph:
         if node is not None:
             node.remove_site()
         return stopped
+
+    def _shut_down_by(self, deadline: float) -> bool:
+        """Whether the last close's shutdown of Serve and Ray finished, waiting for it until ``deadline``."""
+        if self._closing is not None:
+            self._closing.join(timeout=max(deadline - time.monotonic(), 0.0))
+            if self._closing.is_alive():
+                return False
+        return not ray.is_initialized()
 
     def __enter__(self) -> RayServeGraph:
         return self.start()
