@@ -35,7 +35,6 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -45,7 +44,7 @@ import psutil
 
 from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.frameworks.llamacpp_model import ModelInfo, trained_context_length
-from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line
+from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line, weak_exit_reason
 from infergraph_lite.serving.processes import process_tree, stop_processes
 
 __all__ = ["BadParameterError", "LlamaCppServer", "ModelLoadError", "ModelMissingError", "PortTakenError",
@@ -170,18 +169,6 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None
             proc.stdout.close()
         if log is not None:
             log.unlink(missing_ok=True)
-
-
-def _weak_exit_reason(server: LlamaCppServer) -> Callable[[float], str]:
-    # The server's exit_reason through a weak reference: a client must not keep its server from being collected
-    # (and so stopped by its finaliser).
-    ref = weakref.ref(server)
-
-    def exit_reason(wait: float) -> str:
-        alive = ref()
-        return "" if alive is None else alive.exit_reason(wait)
-
-    return exit_reason
 
 
 class LlamaCppServer:
@@ -432,5 +419,5 @@ class LlamaCppServer:
 
         if self.model is not None:
             options.setdefault("banned_tokens", self.model.byte_token_ids)
-        options.setdefault("exit_reason", _weak_exit_reason(self))   # a broken request says whether this died
+        options.setdefault("exit_reason", weak_exit_reason(self))   # a broken request says whether this died
         return LlamaCppClient(self.url, **options)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
+import weakref
+from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["describe_exit", "exit_status", "last_log_line", "tail_of_file"]
+__all__ = ["ExitReporting", "describe_exit", "exit_status", "last_log_line", "tail_of_file", "weak_exit_reason"]
 
 LINE_LIMIT = 300  # characters of a quoted log line: enough for an error message, not a whole tensor dump
 
@@ -75,3 +78,33 @@ def describe_exit(what: str, pid: int, returncode: int, log: str, *, stopped: bo
     line = last_log_line(log)
     said = f"; its log ends: {line!r}" if line else ""
     return f"{what} (pid {pid}) {'was stopped' if stopped else 'died'} ({exit_status(returncode)}){said}"
+
+
+class ExitReporting(Protocol):
+    """A server that can say why its process ended (``""``: it is still running), waiting up to ``wait`` seconds."""
+
+    def exit_reason(self, wait: float) -> str: ...
+
+
+def weak_exit_reason(server: ExitReporting) -> Callable[[float], str]:
+    """``server.exit_reason`` through a weak reference, for the clients a server hands out.
+
+    A client must not keep its server from being collected (and so stopped by its finaliser); once the server is
+    gone, the function says nothing.
+
+    >>> class Server:
+    ...     def exit_reason(self, wait: float) -> str:
+    ...         return "died (killed by SIGKILL)"
+    >>> server = Server(); reason = weak_exit_reason(server)
+    >>> reason(0.0)
+    'died (killed by SIGKILL)'
+    >>> del server; reason(0.0)
+    ''
+    """
+    ref = weakref.ref(server)
+
+    def exit_reason(wait: float) -> str:
+        alive = ref()
+        return "" if alive is None else alive.exit_reason(wait)
+
+    return exit_reason

@@ -23,14 +23,14 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from infergraph_lite.frameworks.triton.client import TritonClient
 from infergraph_lite.frameworks.triton.errors import TritonStartError, TritonUnavailableError
 from infergraph_lite.frameworks.triton.repository import Repository, read_repository
-from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line
+from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line, weak_exit_reason
 from infergraph_lite.serving.processes import free_ports, stop_processes, within
 
 __all__ = ["TritonServer", "triton_available"]
@@ -124,18 +124,6 @@ def _stop_process_group(process: subprocess.Popen, grace: float, timeout: float 
 
 def _port_taken(log: str) -> bool:
     return "already in use" in log or "Address in use" in log or "Failed to bind" in log
-
-
-def _weak_exit_reason(server: TritonServer) -> Callable[[float], str]:
-    # The server's exit_reason through a weak reference: a client must not keep its server from being collected
-    # (and so stopped by its finaliser).
-    ref = weakref.ref(server)
-
-    def exit_reason(wait: float) -> str:
-        alive = ref()
-        return "" if alive is None else alive.exit_reason(wait)
-
-    return exit_reason
 
 
 class TritonServer:
@@ -368,7 +356,7 @@ class TritonServer:
     def client(self, **options: Any) -> TritonClient:
         """A :class:`TritonClient` connected to this server (``options``: its keyword arguments); a request that
         this server's death breaks off fails with an error saying so (:meth:`exit_reason`)."""
-        options.setdefault("exit_reason", _weak_exit_reason(self))
+        options.setdefault("exit_reason", weak_exit_reason(self))
         return TritonClient(self.grpc_url, **options)
 
     def __enter__(self) -> TritonServer:
