@@ -387,7 +387,9 @@ class RayServeGraph:
         Raises :class:`RayStartError` if a process Ray started dies on the way (naming it, quoting its log line)
         or if the whole start takes longer than ``timeout`` seconds (naming the step); what was started is
         stopped by PID first.  A start that failed on a port another process took is tried again on fresh ports,
-        up to ``attempts`` times in all, within the same ``timeout``.
+        up to ``attempts`` times in all, within the same ``timeout``.  Starting the head node and ``ray.init`` run
+        on this thread (see :func:`~infergraph_lite.frameworks.ray_node.run_watched`) and are bounded by Ray's own
+        waits (30 s for its GCS, 30 s for the raylet to register), checked as soon as they return.
         """
         if ray.is_initialized():
             raise RuntimeError("Ray is already running in this process; RayServeGraph starts and stops its own")
