@@ -54,7 +54,6 @@ REQUEST_S = 60.0    # seconds one request may take inside a run
 N_PREDICT = 8       # tokens the llama.cpp request asks for
 
 # Helpers that stop by themselves after {limit} seconds, even if this tool is killed before it stops them.
-BURNER = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
 PORT_CHURN = """\
 import random, socket, time
 end = time.monotonic() + {limit}
@@ -270,26 +269,6 @@ class Run:
     log: Path | None = None
 
 
-def spawn_bounded(code: str, limit_s: float, core: int | None = None) -> subprocess.Popen:
-    """A helper process running ``code`` for at most ``limit_s`` seconds, optionally pinned to one core."""
-    proc = subprocess.Popen([sys.executable, "-c", code.format(limit=limit_s)])
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        with contextlib.suppress(OSError):  # not allowed: it still competes, just not for one particular core
-            os.sched_setaffinity(proc.pid, {core})
-    return proc
-
-
-def stop_helper(proc: subprocess.Popen) -> None:
-    """Stop a helper process by its PID (SIGTERM, then SIGKILL) and reap it."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def stop_run(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM ``proc`` (its engine's close runs), wait ``grace_s``; then stop it and its descendants by PID."""
     from infergraph_lite.serving.processes import process_tree, stop_processes
@@ -391,6 +370,11 @@ def main(argv: list[str]) -> int:
     helpers: list[subprocess.Popen] = []
     logs = Path(tempfile.mkdtemp(prefix="engine-stress-"))
     results: dict[str, list[Run]] = {}
+    # The burner and the helper-process plumbing are make stress's own (a sibling script; imported here, not at the
+    # top, so that each run's fresh process does not import nbclient for nothing).
+    from stress_check import BURNER, spawn_bounded
+    from stress_check import stop as stop_helper
+
     try:
         if args.burner:
             helpers.append(spawn_bounded(BURNER, limit, core=0))

@@ -54,13 +54,19 @@ MODES = {"pinned": ["pinned"], "unpinned": ["unpinned"], "both": ["pinned", "unp
 BURNER = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def start_burner(limit_s: float, core: int | None) -> subprocess.Popen:
-    """A CPU-bound process that spins for at most ``limit_s`` seconds, optionally pinned to one core."""
-    proc = subprocess.Popen([sys.executable, "-c", BURNER.format(limit=limit_s)])
+def spawn_bounded(code: str, limit_s: float, core: int | None = None) -> subprocess.Popen:
+    """A helper process running ``code`` (formatted with ``limit``) for at most ``limit_s`` seconds, optionally
+    pinned to one core; tools/engine_stress.py starts its port churn with it too."""
+    proc = subprocess.Popen([sys.executable, "-c", code.format(limit=limit_s)])
     if core is not None and hasattr(os, "sched_setaffinity"):
         with contextlib.suppress(OSError):  # if not allowed, it still competes, just not for one particular core
             os.sched_setaffinity(proc.pid, {core})
     return proc
+
+
+def start_burner(limit_s: float, core: int | None) -> subprocess.Popen:
+    """A CPU-bound process that spins for at most ``limit_s`` seconds, optionally pinned to one core."""
+    return spawn_bounded(BURNER, limit_s, core)
 
 
 def stop(proc: subprocess.Popen) -> None:
