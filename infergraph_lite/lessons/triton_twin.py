@@ -23,7 +23,7 @@ import numpy as np
 from infergraph_lite.core.arguments import check_count, check_number
 from infergraph_lite.serving.loadtest import run_open_loop
 
-__all__ = ["TritonHops", "calibrate_triton_hops"]
+__all__ = ["TritonHops", "calibrate_triton_hops", "service_time_from_counters", "twin_from_counters"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,45 @@ def calibrate_triton_hops(client: Any, ensemble: str, stages: Mapping[str, tuple
     return TritonHops(float(report.mean), counters[ensemble].mean_latency,
                       {name: max(stats.mean_queue - waits[name], 0.0) for name, stats in sorted(members.items())},
                       counters)
+
+
+def service_time_from_counters(stats: Any) -> float | tuple[float, float]:
+    """A stage's service time from Triton's counters over some runs (seconds).
+
+    With calls of two or more batch sizes, ``s(b) = alpha + beta * b`` fitted over the sizes it ran (weighted by
+    how often each ran, so a size seen once barely moves the line), as ``(alpha, beta)``; with one size, the
+    mean time per item.  Both are clamped at 0: a fitted intercept of a slow one-request call can dip below.
+
+    >>> from types import SimpleNamespace
+    >>> stats = SimpleNamespace(call_seconds={1: 0.0122, 16: 0.0152}, batch_sizes={1: 10, 16: 10},
+    ...                         batch_compute={1: 0.122, 16: 0.152})
+    >>> tuple(round(x, 4) for x in service_time_from_counters(stats))
+    (0.012, 0.0002)
+    """
+    calls = stats.call_seconds
+    if len(calls) < 2:
+        return sum(stats.batch_compute.values()) / max(sum(stats.batch_sizes.values()), 1)
+    sizes, seconds = np.array(list(calls), dtype=float), np.array(list(calls.values()), dtype=float)
+    beta, alpha = np.polyfit(sizes, seconds, 1, w=np.sqrt(np.array(list(stats.batch_sizes.values()), dtype=float)))
+    return (max(float(alpha), 0.0), max(float(beta), 0.0))
+
+
+def twin_from_counters(stages: Mapping[str, tuple[Any, Any]],
+                       counters: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The served graph for :func:`~infergraph_lite.simulation.graph.simulate_graph`: each stage keeps its
+    batching knobs and replicas, and takes the service time Triton's ``counters`` measured for its model.
+
+    >>> twin_from_counters({"a": (object(), [])}, {})
+    Traceback (most recent call last):
+    ...
+    ValueError: twin_from_counters: no counters for stage 'a' (counters for: none)
+    """
+    from infergraph_lite.core.stage import Stage
+
+    missing = [name for name in stages if name not in counters]
+    if missing:
+        raise ValueError(f"twin_from_counters: no counters for stage {missing[0]!r} "
+                         f"(counters for: {', '.join(sorted(counters)) or 'none'})")
+    return {name: (Stage(service_time=service_time_from_counters(counters[name]), max_batch_size=stage.max_batch_size,
+                         max_wait=stage.max_wait, replicas=stage.replicas), deps)
+            for name, (stage, deps) in stages.items()}
