@@ -38,7 +38,7 @@ def ray_settings(stage: Stage) -> dict[str, Any]:
 
 
 def dask_settings(stage: Stage) -> dict[str, Any]:
-    dask_graph = pytest.importorskip("infergraph_lite.frameworks.dask_graph")
+    dask_graph = pytest.importorskip("infergraph_lite.frameworks.dask.options")
     return {"task_fn": dask_graph.from_stage(NAME, stage)}
 
 

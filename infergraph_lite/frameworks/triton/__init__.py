@@ -30,8 +30,9 @@ Introduced in notebook 07; exercise 5.4 and the 07 exercises use it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from infergraph_lite.frameworks.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from infergraph_lite.frameworks.triton.backend import NodeModel, load_factory
@@ -81,7 +82,6 @@ _EXPORTS = {
     "server": ["TritonServer", "triton_available"],
     "tensors": ["ENCODING_PARAMETER", "Encoding", "TensorType", "declared_type", "tensor_type_of"],
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "ENCODING_PARAMETER",
@@ -121,15 +121,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # PEP 562: a name is imported from its module when first asked for, then kept here.
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+# PEP 562: a name is imported from its module when first asked for, then kept here.
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

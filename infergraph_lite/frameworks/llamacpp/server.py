@@ -1,6 +1,6 @@
 """A real LLM server on this machine: llama.cpp's C++ server in its own process, on 127.0.0.1 (notebook 08).
 
-:class:`LlamaCppServer` starts ``python -m infergraph_lite.frameworks.llamacpp_serve`` (which embeds
+:class:`LlamaCppServer` starts ``python -m infergraph_lite.frameworks.llamacpp.serve`` (which embeds
 llama.cpp's server through the ``xllamacpp`` wheel), waits until ``/health`` answers, and stops that
 process by its own PID.  The knobs are llama.cpp's own:
 
@@ -43,7 +43,7 @@ import numpy as np
 import psutil
 
 from infergraph_lite.core.arguments import check_count, check_number
-from infergraph_lite.frameworks.llamacpp_model import ModelInfo, trained_context_length
+from infergraph_lite.frameworks.llamacpp.model import ModelInfo, trained_context_length
 from infergraph_lite.serving.exits import describe_exit, exit_status, last_log_line, weak_exit_reason
 from infergraph_lite.serving.processes import process_tree, stop_processes
 
@@ -108,7 +108,7 @@ def check_server_parameters(*, n_parallel: int, n_ctx: int, n_batch: int, n_ubat
     >>> check_server_parameters(n_parallel=8, n_ctx=4096, n_batch=2048, n_ubatch=512, threads=2, port=None)
     >>> check_server_parameters(n_parallel=8, n_ctx=1000, n_batch=2048, n_ubatch=512, threads=2, port=None)
     Traceback (most recent call last):
-    infergraph_lite.frameworks.llamacpp_server.BadParameterError: n_ctx=1000: must be n_parallel (8) x a multiple \
+    infergraph_lite.frameworks.llamacpp.server.BadParameterError: n_ctx=1000: must be n_parallel (8) x a multiple \
 of 256 KV cells per slot (llama.cpp would round it to 2048), e.g. n_ctx=2048
     """
     for name, value in (("n_parallel", n_parallel), ("n_ctx", n_ctx), ("n_batch", n_batch), ("n_ubatch", n_ubatch),
@@ -174,8 +174,8 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float, log: Path | None = None
 class LlamaCppServer:
     """llama.cpp's server on 127.0.0.1 in a child process of its own; a context manager that stops it by PID.
 
-    ``model`` is a GGUF path or the :class:`~infergraph_lite.frameworks.llamacpp_model.ModelInfo` of
-    :func:`~infergraph_lite.frameworks.llamacpp_model.write_tiny_llama`.  ``n_ctx`` defaults to 512 KV cells
+    ``model`` is a GGUF path or the :class:`~infergraph_lite.frameworks.llamacpp.model.ModelInfo` of
+    :func:`~infergraph_lite.frameworks.llamacpp.model.write_tiny_llama`.  ``n_ctx`` defaults to 512 KV cells
     per slot.  ``port=None`` lets the OS pick a free port when the server binds (no race with other
     programs); a port given explicitly is checked first and a taken one raises :class:`PortTakenError`.
     ``threads`` defaults to 1: llama.cpp's threads meet at a barrier after every operation, so on a busy
@@ -183,7 +183,7 @@ class LlamaCppServer:
     Start-up waits at most ``ready_timeout`` seconds.  The process is stopped by ``close()``, at the end of a
     ``with`` block (also when it raises), when the object is garbage-collected, and at interpreter exit.
 
-    >>> from infergraph_lite.frameworks.llamacpp_model import write_tiny_llama
+    >>> from infergraph_lite.frameworks.llamacpp.model import write_tiny_llama
     >>> model = write_tiny_llama(embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512)
     >>> with LlamaCppServer(model, n_parallel=2) as server:
     ...     server.url.startswith("http://127.0.0.1:"), len(server.slots())
@@ -273,7 +273,7 @@ class LlamaCppServer:
         started = time.perf_counter()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "infergraph_lite.frameworks.llamacpp_serve", json.dumps(config)],
+                [sys.executable, "-m", "infergraph_lite.frameworks.llamacpp.serve", json.dumps(config)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=self._child_env())
         # also runs at interpreter exit; the log this server made is removed with it (errors carry its text)
         self._finalizer = weakref.finalize(self, _stop, self._proc, 5.0, self.log_path if self._own_log else None)
@@ -409,13 +409,13 @@ class LlamaCppServer:
 
     def metrics(self) -> dict[str, float]:
         """``/metrics`` parsed: ``{name without 'llamacpp:': value}`` (counters since start, and gauges)."""
-        from infergraph_lite.frameworks.llamacpp_client import parse_prometheus
+        from infergraph_lite.frameworks.llamacpp.client import parse_prometheus
 
         return parse_prometheus(self._get("/metrics").decode())
 
     def client(self, **options: Any) -> Any:
-        """A :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient` for this server."""
-        from infergraph_lite.frameworks.llamacpp_client import LlamaCppClient
+        """A :class:`~infergraph_lite.frameworks.llamacpp.client.LlamaCppClient` for this server."""
+        from infergraph_lite.frameworks.llamacpp.client import LlamaCppClient
 
         if self.model is not None:
             options.setdefault("banned_tokens", self.model.byte_token_ids)

@@ -1,4 +1,4 @@
-"""One local Ray node for a :class:`~infergraph_lite.frameworks.ray_serve.RayServeGraph`: started on loopback,
+"""One local Ray node for a :class:`~infergraph_lite.frameworks.ray.serve.RayServeGraph`: started on loopback,
 watched while it starts, stopped by PID.
 
 Starting Ray is several processes racing each other on a busy machine: a GCS server, a raylet, and the two
@@ -205,7 +205,7 @@ def run_watched(step: str, work: Callable[[], T], node: LocalRayNode, deadline: 
     >>> run_watched("sleeping", lambda: time.sleep(5), node, time.monotonic() + 0.3)
     Traceback (most recent call last):
     ...
-    infergraph_lite.frameworks.ray_node.RayStartError: Ray's start did not finish sleeping within the time it was given
+    infergraph_lite.frameworks.ray.node.RayStartError: Ray's start did not finish sleeping within the time it was given
     """
     outcome: dict[str, Any] = {}
 

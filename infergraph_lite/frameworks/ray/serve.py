@@ -7,7 +7,7 @@ becomes a Ray Serve application:
   fractional CPU share (``ray_actor_options={"num_cpus": ...}``), so a whole graph fits on two cores;
 - a batching stage (``max_batch_size > 1``) runs its batch function under ``@serve.batch`` with
   ``max_batch_size`` and ``batch_wait_timeout_s = stage.max_wait`` (every ``Stage`` field is mapped, or
-  refused by name, by :func:`~infergraph_lite.frameworks.ray_serve_options.from_stage`).  Serve's rule is
+  refused by name, by :func:`~infergraph_lite.frameworks.ray.options.from_stage`).  Serve's rule is
   not Triton's: its window starts when the batcher picks a batch's first request, and the stage's batch
   function is blocking, so it holds the replica's event loop and the next window starts only when the batch
   returns — :class:`~infergraph_lite.core.policy.BatchPolicy` with ``window="first_pick"`` (a test in
@@ -68,13 +68,13 @@ from infergraph_lite.core.autoscaling import AutoscalingConfig  # noqa: E402
 from infergraph_lite.core.execute import NodeError  # noqa: E402
 from infergraph_lite.core.graph import Plan  # noqa: E402
 from infergraph_lite.core.stage import Stage, batch_item, prepare_stages  # noqa: E402
-from infergraph_lite.frameworks.ray_node import (  # noqa: E402
+from infergraph_lite.frameworks.ray.node import (  # noqa: E402
     LIGHT_IMPORT_STUBS,
     LocalRayNode,
     RayStartError,
     run_watched,
 )
-from infergraph_lite.frameworks.ray_serve_options import (  # noqa: E402
+from infergraph_lite.frameworks.ray.options import (  # noqa: E402
     ENGINE,
     ServeStage,
     batch_options,
@@ -156,7 +156,7 @@ def keep_replica_grpc_on_loopback() -> None:
 
 
 # --- from a Stage to Serve's options (plain functions, no Ray needed) ----------------------------------------
-# batch_options, deployment_options and from_stage live in ray_serve_options (importable without Ray).
+# batch_options, deployment_options and from_stage live in ray.options (importable without Ray).
 
 
 def autoscaling_config(config: AutoscalingConfig | None = None, /, **fields: Any) -> dict[str, Any]:
@@ -388,7 +388,7 @@ class RayServeGraph:
         or if the whole start takes longer than ``timeout`` seconds (naming the step); what was started is
         stopped by PID first.  A start that failed on a port another process took is tried again on fresh ports,
         up to ``attempts`` times in all, within the same ``timeout``.  Starting the head node and ``ray.init`` run
-        on this thread (see :func:`~infergraph_lite.frameworks.ray_node.run_watched`) and are bounded by Ray's own
+        on this thread (see :func:`~infergraph_lite.frameworks.ray.node.run_watched`) and are bounded by Ray's own
         waits (30 s for its GCS, 30 s for the raylet to register), checked as soon as they return.
         """
         if ray.is_initialized():
@@ -423,10 +423,10 @@ class RayServeGraph:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _start_once(self, started: float, deadline: float) -> None:
-        # Why each step is watched (ray_node.run_watched): a process of Ray's that dies while it starts is not
+        # Why each step is watched (ray.node.run_watched): a process of Ray's that dies while it starts is not
         # reported to the driver -- ray.init may already have returned, and serve.start then waits in ray.get,
         # with no deadline, for a controller no node can run.  Why the node is started as it is (ports handed to
-        # the raylet, no monitors, no prestarted workers, the light-import stubs): ray_node.LocalRayNode.
+        # the raylet, no monitors, no prestarted workers, the light-import stubs): ray.node.LocalRayNode.
         node = self._ray = LocalRayNode(self.num_cpus)
         # On this thread: the node's processes share its fate (see run_watched); Ray bounds this step itself
         # (it waits at most 30 s for its GCS, and the raylet at most agent_register_timeout_ms for an agent).

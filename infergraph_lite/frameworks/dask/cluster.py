@@ -1,24 +1,7 @@
-"""The same graph on Dask: one task graph per request, on a local cluster bound to 127.0.0.1 (notebook 07).
+"""A local Dask cluster on 127.0.0.1 that serves a graph, one task graph per request; stopped by PID (notebook 07).
 
-Dask's task graph is the seed's dict seen from the other side.  Ours maps a node to
-``(func, [dependency names])``; Dask's maps a key to a task that calls a function on references
-to other keys::
-
-    {"pre": (clean, ["text"]), ...}                     # ours
-    {"text": DataNode("text", "  BANANA  "),            # Dask's: the input is data ...
-     "pre": Task("pre", clean, TaskRef("text")), ...}   # ... and each node a task on its dependencies
-
-:func:`to_dask_graph` makes the second from the first (validated by the graph module first, so a bad
-graph fails before anything runs); :func:`run_dask` runs it; :class:`DaskGraphCluster` runs graphs on
-a ``distributed.LocalCluster`` whose scheduler, nannies and workers all listen on 127.0.0.1, and
-gives ``submit(inputs) -> Future`` for the package's load generators.
-
-What a task scheduler is not: it has no request queue and no batching.  Every request is its own
-graph, and each task of it runs on its own, so a stage's batch function always sees one item; the
-throughput that Triton and Ray Serve gain by batching requests is not on offer here.
-
-(The explicit ``DataNode``/``TaskRef`` spec, rather than Dask's older tuple form, matters: in a tuple
-graph an input whose *value* is a string equal to some key name would be read as a reference.)
+:class:`DaskGraphCluster` is the lifecycle (start, ``submit(inputs) -> Future``, ``close(timeout)``, the PIDs it
+owns); the task graph each request becomes is :func:`~infergraph_lite.frameworks.dask.graph.to_dask_graph`'s.
 """
 
 from __future__ import annotations
@@ -30,157 +13,21 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import psutil
-from dask.task_spec import DataNode, GraphNode, Task, TaskRef
-from dask.typing import Key
 
 from infergraph_lite.core.arguments import check_non_negative_int, check_number
 from infergraph_lite.core.execute import NodeError
-from infergraph_lite.core.graph import Graph, InvalidNodeError, Plan
-from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError, batch_item, prepare_stages
+from infergraph_lite.core.graph import Graph
+from infergraph_lite.frameworks.dask.graph import to_dask_graph
+from infergraph_lite.frameworks.dask.options import ENGINE, prepare
 from infergraph_lite.serving.processes import living, owned_processes, stop_processes, within
 
-__all__ = ["ENGINE", "DaskGraphCluster", "from_stage", "run_dask", "stage_item", "to_dask_graph"]
+__all__ = ["DaskGraphCluster"]
 
-ENGINE = "Dask"  # how UnsupportedStageFieldError names this engine
 DEATH_WAIT = 1.0  # seconds a failed request waits for the nanny's line on the worker process that died
-
-
-def stage_item(fn: Any, *values: Any) -> Any:
-    """Run a stage's batch function on one request: a batch of one item (one value, or a tuple of several).
-
-    >>> stage_item(lambda xs: [x * 2 for x in xs], 21)
-    42
-    >>> stage_item(lambda pairs: [a + b for a, b in pairs], 1, 2)
-    3
-    >>> stage_item(lambda xs: exit(3), 1)
-    Traceback (most recent call last):
-    ...
-    RuntimeError: SystemExit raised by a stage: 3
-    """
-    try:
-        return fn([batch_item(values)])[0]
-    except Exception:
-        raise
-    except BaseException as error:  # noqa: BLE001 - reported to the caller as this request's failure
-        # A Dask worker lets SystemExit / KeyboardInterrupt through to shut itself down (its nanny restarts
-        # it and the task is retried elsewhere); from a stage they are a failure of that request, reported so.
-        raise RuntimeError(f"{type(error).__name__} raised by a stage: {error}") from None
-
-
-def from_stage(name: str, stage: Stage) -> Callable[[list[Any]], Sequence[Any]]:
-    """What Dask makes of a :class:`~infergraph_lite.core.stage.Stage`: the batch function its task calls.
-
-    Every field is mapped or refused by name, before anything runs:
-
-    - ``fn``: the task calls it on a batch of one item (:func:`stage_item`);
-    - ``service_time``: not a setting of a real engine (what the simulator predicts); left unused;
-    - ``max_batch_size``: 1 (each request's task runs alone); anything else, ``None`` or an ``AIMD``
-      included, is refused: a task scheduler has no batcher;
-    - ``max_wait``: 0; a wait is refused (there is no batcher to wait in);
-    - ``replicas``: 1; more are refused (tasks run on the cluster's workers, ``n_workers``);
-    - ``max_queue_size``: ``None``; a bound is refused (no request queue: ``DaskGraphCluster``'s
-      ``max_requests`` bounds the requests in flight instead).
-
-    >>> from_stage("n", Stage(fn=list)) is list
-    True
-    >>> from_stage("topic", Stage(fn=list, max_batch_size=16))
-    Traceback (most recent call last):
-    ...
-    infergraph_lite.core.stage.UnsupportedStageFieldError: Dask cannot serve stage 'topic' with max_batch_size=16: \
-a task scheduler has no batcher: each request's task runs alone, on a batch of one
-    """
-    if stage.fn is None:
-        raise InvalidNodeError(name, "this Stage has no fn (a batch function list -> list) to run")
-    if stage.max_batch_size != 1:
-        raise UnsupportedStageFieldError(ENGINE, name, "max_batch_size", stage.max_batch_size,
-                                         "a task scheduler has no batcher: each request's task runs alone, "
-                                         "on a batch of one")
-    if stage.max_wait != 0:
-        raise UnsupportedStageFieldError(ENGINE, name, "max_wait", stage.max_wait,
-                                         "a task scheduler has no batcher to wait in; a task starts when its "
-                                         "inputs are ready")
-    if stage.replicas != 1:
-        raise UnsupportedStageFieldError(ENGINE, name, "replicas", stage.replicas,
-                                         "a task runs on whichever worker is free; size the cluster with n_workers")
-    if stage.max_queue_size is not None:
-        raise UnsupportedStageFieldError(ENGINE, name, "max_queue_size", stage.max_queue_size,
-                                         "a task scheduler has no request queue to bound; DaskGraphCluster's "
-                                         "max_requests bounds the requests in flight")
-    return stage.fn
-
-
-def _prepare(nodes: Graph, inputs: Iterable[str] | Mapping[str, Any]) -> Plan:
-    # The one stage-graph validation (plain functions admitted), then every Stage's fields through from_stage.
-    plan = prepare_stages(nodes, inputs, need="fn", functions=True)
-    for name, (func, _) in plan.nodes.items():
-        if isinstance(func, Stage):
-            from_stage(name, func)
-    return plan
-
-
-def to_dask_graph(
-    nodes: Graph, inputs: Mapping[str, Any], *, request: int | str | None = None, plan: Plan | None = None
-) -> dict[Key, GraphNode]:
-    """The graph as a Dask task graph: each input a ``DataNode``, each node a ``Task`` on its dependencies.
-
-    ``nodes`` is the seed's shape (``name -> (func, [deps])``, ``func`` called with one value per
-    dependency) or a stage graph (``name -> (Stage(fn=...), [deps])``, ``fn`` called on a batch of
-    one).  Keys are the names, or ``(name, request)`` when ``request`` is given, so that many
-    requests' graphs can share one scheduler without their keys colliding.  Graph errors are raised
-    here, before anything runs.
-
-    >>> from infergraph_lite.lessons.examples import banana_nodes, BANANA_INPUTS
-    >>> graph = to_dask_graph(banana_nodes(), BANANA_INPUTS)
-    >>> sorted(graph)
-    ['combine', 'modelA', 'modelB', 'pre', 'text']
-    >>> sorted(graph["combine"].dependencies)
-    ['modelA', 'modelB']
-    >>> to_dask_graph({"a": (len, ["b"]), "b": (len, ["a"])}, {})
-    Traceback (most recent call last):
-    ...
-    infergraph_lite.core.graph.CycleError: cycle: a -> b -> a
-    """
-    if plan is None:
-        plan = _prepare(nodes, inputs)
-    plan.check_inputs(inputs)
-
-    def key(name: str) -> Key:
-        return name if request is None else (name, request)
-
-    graph: dict[Key, GraphNode] = {key(name): DataNode(key(name), inputs[name]) for name in sorted(plan.inputs)}
-    for name in plan.order:
-        func, deps = plan.nodes[name]
-        refs = [TaskRef(key(d)) for d in deps]
-        if isinstance(func, Stage):
-            graph[key(name)] = Task(key(name), stage_item, from_stage(name, func), *refs)
-        else:
-            graph[key(name)] = Task(key(name), func, *refs)
-    return graph
-
-
-def run_dask(nodes: Graph, inputs: Mapping[str, Any], *, client: Any = None) -> dict[str, Any]:
-    """Run the graph once with Dask and return the inputs plus every node's value, as ``run_graph`` does.
-
-    Without a ``client``, Dask's threaded scheduler runs it in this process; with a
-    ``distributed.Client``, the cluster does.
-
-    >>> from infergraph_lite.lessons.examples import banana_nodes, BANANA_INPUTS
-    >>> run_dask(banana_nodes(), BANANA_INPUTS)["combine"]
-    {'len': 6, 'a_count': 3}
-    """
-    plan = _prepare(nodes, inputs)
-    graph = to_dask_graph(nodes, inputs, plan=plan)
-    if client is None:
-        from dask.threaded import get
-
-        values = get(graph, list(plan.order))
-    else:
-        values = client.get(graph, list(plan.order))
-    return {**inputs, **dict(zip(plan.order, values))}
 
 
 class _WorkerDeaths(logging.Handler):
@@ -246,7 +93,7 @@ class DaskGraphCluster:
         request_timeout: float = 120.0,
     ):
         self.nodes = nodes
-        self.plan = _prepare(nodes, inputs)
+        self.plan = prepare(nodes, inputs)
         self.n_workers, self.threads_per_worker, self.processes = n_workers, threads_per_worker, processes
         self.max_requests = max_requests
         # None keeps Dask's own setting

@@ -1,6 +1,6 @@
 """From a :class:`~infergraph_lite.core.stage.Stage` to Ray Serve's settings: plain functions, no Ray needed.
 
-:func:`from_stage` is the one mapping; :mod:`~infergraph_lite.frameworks.ray_serve` deploys what it
+:func:`from_stage` is the one mapping; :mod:`~infergraph_lite.frameworks.ray.serve` deploys what it
 returns.  It lives apart from that module so that the mapping can be read, tested and shown without
 importing Ray.  Field by field::
 

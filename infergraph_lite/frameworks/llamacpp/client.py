@@ -182,8 +182,8 @@ class LlamaCppClient:
     hide that token's arrival time (a zero gap).  ``api="llamacpp"`` streams llama.cpp's own ``/completion``
     endpoint instead, whose answers also say which slot served each request (:attr:`Completion.slot`).
 
-    >>> from infergraph_lite.frameworks.llamacpp_model import write_tiny_llama
-    >>> from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+    >>> from infergraph_lite.frameworks.llamacpp.model import write_tiny_llama
+    >>> from infergraph_lite.frameworks.llamacpp.server import LlamaCppServer
     >>> model = write_tiny_llama(embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512)
     >>> with LlamaCppServer(model, n_parallel=2) as server, server.client(n_predict=5) as client:
     ...     done = client.submit("the model").result(timeout=60)

@@ -1,6 +1,6 @@
-"""The child process of :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (notebook 08).
+"""The child process of :class:`~infergraph_lite.frameworks.llamacpp.server.LlamaCppServer` (notebook 08).
 
-``python -m infergraph_lite.frameworks.llamacpp_serve '{"model": ..., "n_parallel": ...}'`` starts
+``python -m infergraph_lite.frameworks.llamacpp.serve '{"model": ..., "n_parallel": ...}'`` starts
 llama.cpp's own C++ HTTP server, embedded by the ``xllamacpp`` wheel, on 127.0.0.1, prints one line
 ``READY <address> <startup seconds>`` on stdout, and serves until SIGTERM, SIGINT, or its stdin closes
 (the parent holds the other end, so a parent that dies takes this process with it); requests still

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_non_negative_int, check_number
-from infergraph_lite.frameworks.llamacpp_client import Completion, CompletionRequest, LlamaCppClient
-from infergraph_lite.frameworks.llamacpp_model import prompt_of
+from infergraph_lite.frameworks.llamacpp.client import Completion, CompletionRequest, LlamaCppClient
+from infergraph_lite.frameworks.llamacpp.model import prompt_of
 
 __all__ = ["StepSample", "StepTimeModel", "StepTimeProfile", "expected_runs", "fit_step_time", "mixed_gap",
            "profile_step_time", "slot_runs"]
@@ -376,9 +376,9 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
                       wake_pause: float = 0.25) -> StepTimeProfile:
     """Measure llama.cpp's step time against what a step holds, and fit :func:`fit_step_time` to it.
 
-    ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp_server.LlamaCppServer` (its ``client()`` is
+    ``server`` is a :class:`~infergraph_lite.frameworks.llamacpp.server.LlamaCppServer` (its ``client()`` is
     used, on llama.cpp's own endpoint, for the slots) or a
-    :class:`~infergraph_lite.frameworks.llamacpp_client.LlamaCppClient` (made with ``api="llamacpp"``, or the
+    :class:`~infergraph_lite.frameworks.llamacpp.client.LlamaCppClient` (made with ``api="llamacpp"``, or the
     micro-batches are unknown: the OpenAI-compatible stream does not say the slot).  ``concurrencies``
     defaults to 1, 2, 4, ... up to the server's ``n_parallel``; each is measured ``repeats`` times with
     ``c`` requests of each of ``prompt_tokens`` prompt tokens (several lengths, so that the context term is
@@ -401,8 +401,8 @@ def profile_step_time(server: Any, *, concurrencies: Sequence[int] | None = None
     slower and mostly not, and a mean TTFT pays every such time.  Each pair takes ``wake_pause`` plus two lone
     requests.
 
-    >>> from infergraph_lite.frameworks.llamacpp_model import write_tiny_llama
-    >>> from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+    >>> from infergraph_lite.frameworks.llamacpp.model import write_tiny_llama
+    >>> from infergraph_lite.frameworks.llamacpp.server import LlamaCppServer
     >>> model = write_tiny_llama(embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512)
     >>> with LlamaCppServer(model, n_parallel=2) as server:
     ...     profile = profile_step_time(server, n_predict=8, prefill_lengths=(8, 32), repeats=1)
