@@ -214,10 +214,11 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     a prefill and decodes (a mixed step) ran one extra micro-batch and any other none; without extra micro-batches
     in the rows, ``e = 0``.  ``slots`` is passed on to the model (where the simulator's decodes are taken to sit,
     see :class:`StepTimeModel`).  ``kv=False`` leaves out the context term (``d = 0``).  A coefficient that comes
-    out negative (noise, or a term the samples do not vary) is held at 0 and the rest refitted, so the model never
-    predicts that more work takes less time.  ``relative=True`` (default) minimises the squared *relative* error, so a
-    2 ms step is fitted as closely as a 200 ms one (plain least squares lets the long prefill steps decide,
-    and a one-sequence server's every step would be mispredicted by the misfit at small batches).
+    out negative (noise, or a term the samples do not vary) is held at 0 and the rest refitted (non-negative least
+    squares, ``scipy.optimize.nnls``), so the model never predicts that more work takes less time.
+    ``relative=True`` (default) minimises the squared *relative* error, so a 2 ms step is fitted as closely as a
+    200 ms one (plain least squares lets the long prefill steps decide, and a one-sequence server's every step
+    would be mispredicted by the misfit at small batches).
 
     >>> rows = [(0, s, s * n, 0.002 + 0.001 * s + 1e-6 * s * n) for s in (1, 2, 4, 8) for n in (10, 200)]
     >>> rows += [(p, 0, p, 0.002 + 5e-5 * p + 1e-6 * p) for p in (16, 64, 256)]
@@ -251,16 +252,14 @@ def fit_step_time(samples: Sequence[StepSample] | np.ndarray, *, kv: bool = True
     columns = {"a": np.ones(len(rows)), "b": seqs, "c": prefill, "d": kv_tokens, "e": extra}
     active = ["a", "b", "c", "d", "e"] if kv else ["a", "b", "c", "e"]
     active = [k for k in active if k == "a" or columns[k].any()]
-    coef: dict[str, float] = {}
     weight = 1.0 / np.maximum(seconds, 1e-9) if relative else np.ones(len(rows))
-    while active:
-        x = np.column_stack([columns[k] for k in active]) * weight[:, None]
-        solution, *_ = np.linalg.lstsq(x, seconds * weight, rcond=None)
-        coef = dict(zip(active, solution.tolist(), strict=True))
-        negative = [k for k in active if coef[k] < 0]
-        if not negative:
-            break
-        active.remove(min(negative, key=lambda k: coef[k]))    # hold the most negative at 0, refit the rest
+    # Non-negative least squares (SciPy's Lawson-Hanson NNLS): a coefficient the best unconstrained fit would make
+    # negative is held at 0 and the rest fitted, so the model never predicts that more work takes less time.
+    from scipy.optimize import nnls  # here: scipy takes longer to import than the package (see core.metrics)
+
+    x = np.column_stack([columns[k] for k in active]) * weight[:, None]
+    solution, _ = nnls(x, seconds * weight)
+    coef = dict(zip(active, solution.tolist(), strict=True))
     full = {k: coef.get(k, 0.0) for k in ("a", "b", "c", "d", "e")}
     predicted = sum(full[k] * columns[k] for k in full)
     rmse = float(np.sqrt(np.mean((predicted - seconds) ** 2)))
