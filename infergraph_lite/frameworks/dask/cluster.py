@@ -237,6 +237,11 @@ class DaskGraphCluster:
             concurrent.futures.wait(list(self._in_flight), timeout=max(0.7 * (deadline - time.monotonic()), 0.0))
         return stop_processes(pids, **within(deadline - time.monotonic()))
 
+    def statistics(self) -> dict[str, Any]:
+        """What the :class:`~infergraph_lite.frameworks.engine.Engine` protocol asks for: the start's ``timings``,
+        the requests in flight and the living worker processes (a task scheduler forms no batches to count)."""
+        return {"timings": dict(self.timings), "in_flight": len(self._in_flight), "workers": len(self._worker_pids())}
+
     def __enter__(self) -> DaskGraphCluster:
         return self.start()
 

@@ -13,7 +13,9 @@ Stage-options mapping; its server parameters are checked by :func:`check_server_
   :class:`SlotMonitor` (busy slots over time);
 - :mod:`~infergraph_lite.frameworks.llamacpp.profile`: :func:`profile_step_time` measures a step's time against
   what it holds and fits the callable the LLM simulator takes;
-- :mod:`~infergraph_lite.frameworks.llamacpp.serve`: the server's child process (``python -m``).
+- :mod:`~infergraph_lite.frameworks.llamacpp.serve`: the server's child process (``python -m``);
+- :mod:`~infergraph_lite.frameworks.llamacpp.engine`: :class:`LlamaCppEngine`, server and client as one
+  :class:`~infergraph_lite.frameworks.engine.Engine`.
 
 ``xllamacpp`` is imported only in the server's child process, ``gguf`` only by the model writer, ``openai`` only when
 a client is made.  The names below are loaded on first use.
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         parse_prometheus,
         tokens_per_decode,
     )
+    from infergraph_lite.frameworks.llamacpp.engine import LlamaCppEngine
     from infergraph_lite.frameworks.llamacpp.model import (
         ModelInfo,
         cache_dir,
@@ -67,6 +70,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
 _EXPORTS = {
     "client": ["Completion", "CompletionRequest", "LlamaCppClient", "RequestError", "SlotMonitor", "counter_delta",
                "parse_prometheus", "tokens_per_decode"],
+    "engine": ["LlamaCppEngine"],
     "model": ["ModelInfo", "cache_dir", "describe", "prompt_of", "trained_context_length", "write_tiny_llama"],
     "profile": ["StepSample", "StepTimeModel", "StepTimeProfile", "expected_runs", "fit_step_time", "mixed_gap",
                 "profile_step_time", "slot_runs"],
@@ -79,6 +83,7 @@ __all__ = [
     "Completion",
     "CompletionRequest",
     "LlamaCppClient",
+    "LlamaCppEngine",
     "LlamaCppServer",
     "ModelInfo",
     "ModelLoadError",

@@ -583,3 +583,8 @@ class RayServeGraph:
                 total.update(replica_sizes)
             sizes[name] = dict(sorted(total.items()))
         return sizes
+
+    def statistics(self) -> dict[str, Any]:
+        """What the :class:`~infergraph_lite.frameworks.engine.Engine` protocol asks for: the batch sizes each
+        batching stage ran (:meth:`batch_sizes`, while started) and the start's ``timings``."""
+        return {"batch_sizes": self.batch_sizes() if self._loop is not None else {}, "timings": dict(self.timings)}

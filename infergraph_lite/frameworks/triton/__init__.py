@@ -22,7 +22,8 @@ interface) and reads its statistics: the real batch sizes.
 One job per module: ``errors``, ``tensors`` (how values travel), ``runner`` (one request through the
 batch functions), ``config`` (build, write, read, check), ``ensemble`` (an ensemble as a graph),
 ``repository`` (stage graph -> model repository and back), ``backend`` (what Triton's Python stub
-imports: :class:`NodeModel`), ``server`` and ``client``.  The names below are loaded on first use, so
+imports: :class:`NodeModel`), ``server`` and ``client``, and ``engine`` (:class:`TritonGraph`: the three as one
+:class:`~infergraph_lite.frameworks.engine.Engine`).  The names below are loaded on first use, so
 a model process importing :mod:`.backend` loads neither the server, the client nor ``tritonclient``.
 
 Introduced in notebook 07; exercise 5.4 and the 07 exercises use it.
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         parse_model_config,
         read_config,
     )
+    from infergraph_lite.frameworks.triton.engine import TritonGraph
     from infergraph_lite.frameworks.triton.ensemble import EnsembleGraph, ensemble_to_graph
     from infergraph_lite.frameworks.triton.errors import TritonConfigError, TritonStartError, TritonUnavailableError
     from infergraph_lite.frameworks.triton.repository import (
@@ -75,6 +77,7 @@ _EXPORTS = {
     "config": ["ENGINE", "TRITON_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
                "declare_tensors", "ensemble_config", "member_config", "model_config_type_name", "parse_model_config",
                "read_config"],
+    "engine": ["TritonGraph"],
     "ensemble": ["EnsembleGraph", "ensemble_to_graph"],
     "errors": ["TritonConfigError", "TritonStartError", "TritonUnavailableError"],
     "repository": ["Repository", "add_model_version", "read_repository", "to_model_repository"],
@@ -96,6 +99,7 @@ __all__ = [
     "TensorType",
     "TritonClient",
     "TritonConfigError",
+    "TritonGraph",
     "TritonServer",
     "TritonStartError",
     "TritonUnavailableError",
