@@ -1,4 +1,5 @@
-"""A framework folder's facade: its public names, each imported from its own module on first use (PEP 562).
+"""A framework folder's facade: its public names, each imported from its own module on first use (PEP 562); and
+the ``__getattr__`` of a module left at an old path after a move (:func:`forward_names`).
 
 Every framework folder (``triton/``, ``ray/``, ``dask/``, ``llamacpp/``) lists its names by module in its
 ``__init__.py`` and hands the list to :func:`lazy_exports`.  Why lazily: a process that needs one light part of a
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["forward_names", "lazy_exports"]
 
 
 def lazy_exports(
@@ -49,3 +50,27 @@ def lazy_exports(
         return sorted({*vars(sys.modules[package]), *module_of})
 
     return __getattr__, __dir__
+
+
+def forward_names(old: str, homes: Sequence[str]) -> Callable[[str], Any]:
+    """The ``__getattr__`` of module ``old``, whose code moved to ``homes``: a name ``old`` does not import itself
+    (a constant, a helper outside ``__all__``) is looked up in each home in turn, so every name importable from
+    the old path before the move still is.
+
+    >>> forward = forward_names("old_place", ["infergraph_lite.frameworks.ray.options"])
+    >>> forward("ENGINE")
+    'Ray Serve'
+    >>> forward("nothing")
+    Traceback (most recent call last):
+    ...
+    AttributeError: module 'old_place' has no attribute 'nothing'
+    """
+
+    def __getattr__(name: str) -> Any:
+        for home in homes:
+            module = importlib.import_module(home)
+            if hasattr(module, name):
+                return getattr(module, name)
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
+
+    return __getattr__

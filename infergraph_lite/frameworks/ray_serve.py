@@ -1,26 +1,12 @@
 """Moved to :mod:`~infergraph_lite.frameworks.ray.serve`
-(issue 36: one folder per framework); this old path stays importable
-for notebook 07, the benchmarks.
+(issue 36: one folder per framework); this path stays for notebook 07 and the benchmarks.
 
-Every name of the old module is here: the listed ones by ``import *``, any other on first use (PEP 562).
 A monkeypatch must target the real module: setting a name here changes nothing there.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
+from infergraph_lite.frameworks.lazy import forward_names
 from infergraph_lite.frameworks.ray.serve import *  # noqa: F403
 from infergraph_lite.frameworks.ray.serve import __all__  # noqa: F401 - the old module's list
 
-_HOMES = ("infergraph_lite.frameworks.ray.serve",)
-
-
-def __getattr__(name: str) -> Any:
-    # A name outside __all__ (a constant, a helper): looked up in the new home(s), in order.
-    for home in _HOMES:
-        module = importlib.import_module(home)
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Any other name of the old module, on first use.
+__getattr__ = forward_names(__name__, ["infergraph_lite.frameworks.ray.serve"])
