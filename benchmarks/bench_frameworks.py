@@ -41,7 +41,7 @@ started is left, and that every listener was on loopback.
 from __future__ import annotations
 
 # Imported before anything imports Ray: it keeps every Ray listener on 127.0.0.1.
-from infergraph_lite.frameworks.ray_serve import RayServeGraph, is_loopback, listening_sockets  # isort: skip
+from infergraph_lite.frameworks.ray.serve import RayServeGraph, is_loopback, listening_sockets  # isort: skip
 
 import contextlib
 import math

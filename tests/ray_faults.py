@@ -21,8 +21,8 @@ import psutil
 import ray
 
 from infergraph_lite.core.stage import Stage
-from infergraph_lite.frameworks import ray_node
-from infergraph_lite.frameworks.ray_serve import RayServeGraph
+from infergraph_lite.frameworks.ray import node as ray_node  # the real module: a patch on the old path would miss it
+from infergraph_lite.frameworks.ray.serve import RayServeGraph
 
 
 def main(fault: str) -> dict:

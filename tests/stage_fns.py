@@ -81,3 +81,12 @@ def spin_then_nap(items: list[Any], spin: float, nap: float) -> list[Any]:
             pass
     time.sleep(nap)
     return items
+
+
+def two_stages() -> dict[str, Any]:
+    """``text -> pre (strip, lower) -> n (length)``, no batching: a graph every registered engine serves (Dask
+    refuses batching), and the factory Triton's model processes rebuild it with (tests/test_engines.py)."""
+    from infergraph_lite.core.stage import Stage
+
+    return {"pre": (Stage(fn=lambda xs: [x.strip().lower() for x in xs]), ["text"]),
+            "n": (Stage(fn=lambda xs: [len(x) for x in xs]), ["pre"])}

@@ -23,7 +23,7 @@ from infergraph_lite import (
     run_graph,
 )
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
-from infergraph_lite.frameworks.dask_graph import DaskGraphCluster, run_dask, stage_item, to_dask_graph
+from infergraph_lite.frameworks.dask import DaskGraphCluster, run_dask, stage_item, to_dask_graph
 from infergraph_lite.lessons.examples import (
     BANANA_INPUTS,
     banana_nodes,

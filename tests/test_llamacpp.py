@@ -26,7 +26,6 @@ import pytest
 pytest.importorskip("xllamacpp")
 pytest.importorskip("gguf")
 
-from infergraph_lite.frameworks import llamacpp_server
 from infergraph_lite.frameworks.llamacpp import (
     BadParameterError,
     Completion,
@@ -46,6 +45,7 @@ from infergraph_lite.frameworks.llamacpp import (
     tokens_per_decode,
     write_tiny_llama,
 )
+from infergraph_lite.frameworks.llamacpp import server as llamacpp_server  # the real module, for monkeypatch
 from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 from tests.proc_sockets import descendants, listening, not_loopback
 
@@ -145,7 +145,7 @@ def test_a_server_nobody_closes_is_stopped_when_collected(model):
 
 def test_a_server_left_open_is_stopped_when_python_exits(model):
     code = textwrap.dedent(f"""
-        from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+        from infergraph_lite.frameworks.llamacpp.server import LlamaCppServer
         s = LlamaCppServer({str(model.path)!r}, threads=1)
         print(s.pid, flush=True)
     """)     # no close(): the interpreter's exit must stop it
@@ -158,7 +158,7 @@ def test_a_server_left_open_is_stopped_when_python_exits(model):
 def test_the_server_ends_when_its_parent_dies_without_cleaning_up(model):
     # The parent is SIGKILLed: no finaliser runs, but the child sees its stdin close and stops.
     code = textwrap.dedent(f"""
-        from infergraph_lite.frameworks.llamacpp_server import LlamaCppServer
+        from infergraph_lite.frameworks.llamacpp.server import LlamaCppServer
         s = LlamaCppServer({str(model.path)!r}, threads=1)
         print(s.pid, flush=True)
         import time; time.sleep(120)
@@ -502,7 +502,7 @@ def test_the_fit_recovers_the_context_and_mixed_step_terms_exactly():
 def test_slot_runs_and_their_expectation_over_random_placements():
     import itertools
 
-    from infergraph_lite.frameworks.llamacpp_profile import expected_runs, slot_runs
+    from infergraph_lite.frameworks.llamacpp.profile import expected_runs, slot_runs
 
     # llama.cpp's sequential split: one micro-batch per run of neighbouring slot ids, in any order given.
     assert [slot_runs(s) for s in ([0], [0, 1], [0, 2], [2, 0, 1, 5, 6], [7, 0], [])] == [1, 1, 2, 2, 2, 0]
@@ -567,7 +567,7 @@ def test_the_fit_charges_each_extra_micro_batch_and_the_twin_expects_them():
 
 
 def test_a_profile_whose_fit_strays_from_its_lone_prefills_says_so():
-    from infergraph_lite.frameworks.llamacpp_profile import StepSample, StepTimeProfile
+    from infergraph_lite.frameworks.llamacpp.profile import StepSample, StepTimeProfile
 
     prefill = {16: 0.027, 32: 0.050, 64: 0.094}                   # 1.4 ms per prompt token
     samples = (StepSample(0, 2, 40, 0.011, "decode", 2), StepSample(16, 1, 36, 0.032, "mixed", 2))
@@ -585,7 +585,7 @@ def test_a_profile_whose_fit_strays_from_its_lone_prefills_says_so():
 
 
 def test_the_mixed_step_is_read_from_the_decoding_streams_or_not_at_all():
-    from infergraph_lite.frameworks.llamacpp_profile import mixed_gap
+    from infergraph_lite.frameworks.llamacpp.profile import mixed_gap
 
     # Three lock-step decoders, 5 ms steps, one 30 ms step ending with the joiner's first token (at 0.050 s).
     base = np.array([0.0, 0.005, 0.010, 0.015, 0.020, 0.050, 0.055, 0.060, 0.065])

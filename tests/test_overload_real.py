@@ -156,7 +156,7 @@ def test_ray_serve_refuses_past_max_queued_requests_with_back_pressure(tmp_path)
     # of a burst larger than both is refused, however fast the machine.
     from ray.serve.exceptions import BackPressureError
 
-    from infergraph_lite.frameworks.ray_serve import RayServeGraph
+    from infergraph_lite.frameworks.ray.serve import RayServeGraph
     from tests.overload_models import gated_stages
 
     gate = tmp_path / "open"

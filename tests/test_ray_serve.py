@@ -21,7 +21,7 @@ from infergraph_lite.core.autoscaling import AutoscalingConfig
 from infergraph_lite.core.execute import run_graph
 from infergraph_lite.core.policy import AIMD
 from infergraph_lite.core.stage import Stage, UnsupportedStageFieldError
-from infergraph_lite.frameworks.ray_serve import (
+from infergraph_lite.frameworks.ray.serve import (
     TESTED_RAY,
     RayServeGraph,
     autoscaling_config,
@@ -194,8 +194,8 @@ def test_serve_batch_starts_its_window_when_the_busy_replica_picks_the_first_req
 
     from ray import serve
 
-    from infergraph_lite.frameworks.ray_serve import STAGE_DEPLOYMENT
-    from infergraph_lite.frameworks.ray_serve_options import from_stage
+    from infergraph_lite.frameworks.ray.options import from_stage
+    from infergraph_lite.frameworks.ray.serve import STAGE_DEPLOYMENT
     from infergraph_lite.simulation.queue import simulate_batching
 
     window, service = 0.5, 1.5
@@ -252,7 +252,7 @@ def test_zz_close_leaves_no_process(served):
     import time
 
     pytest.importorskip("distributed")
-    from infergraph_lite.frameworks.dask_graph import DaskGraphCluster
+    from infergraph_lite.frameworks.dask import DaskGraphCluster
     from infergraph_lite.lessons.examples import BANANA_INPUTS, banana_nodes
 
     pids = served.started_pids()

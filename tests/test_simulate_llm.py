@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from infergraph_lite import LLMResult, simulate_llm
-from infergraph_lite.frameworks.llamacpp_profile import slot_runs
+from infergraph_lite.frameworks.llamacpp.profile import slot_runs
 from infergraph_lite.simulation.llm_theory import (
     continuous_gain,
     expected_max_length,
@@ -669,7 +669,7 @@ def test_under_preemption_every_running_sequence_holds_one_slot_of_its_own_and_g
 
 
 def test_a_fitted_model_charges_random_slots_without_placement_and_fewer_passes_for_neighbours_with_it():
-    from infergraph_lite.frameworks.llamacpp_profile import StepTimeModel
+    from infergraph_lite.frameworks.llamacpp.profile import StepTimeModel
 
     model = StepTimeModel(a=0.004, b=0.001, c=2e-4, e=0.004, slots=8)
     kw = dict(n_requests=40, prompt_tokens=16, output_tokens=24, step_time=model, max_num_seqs=8, arrival_rate=20)

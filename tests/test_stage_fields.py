@@ -1,8 +1,10 @@
-"""Every Stage field x every engine: mapped onto the engine's own setting, or refused by name before anything starts.
+"""Every Stage field x every engine of the registry: mapped onto the engine's own setting, or refused by name
+before anything starts.
 
-Each engine's mapping is a pure function (nothing starts: no thread, no Ray, no cluster, no Triton):
-GraphServer's and Dask's ``from_stage``, Ray Serve's ``ray_serve_options.from_stage`` and Triton's
-``config_from_stage`` (a ``ModelConfig`` protobuf message).  A row either checks the engine's setting or
+Each engine's mapping is a pure function (nothing starts: no thread, no Ray, no cluster, no Triton), found in
+:data:`~infergraph_lite.frameworks.registry.REGISTRY` (``EngineEntry.stage_settings``): GraphServer's and Dask's
+``from_stage``, Ray Serve's ``ray.options.from_stage`` and Triton's ``config_from_stage`` (a ``ModelConfig``
+protobuf message).  A row either checks the engine's setting or
 expects an :class:`UnsupportedStageFieldError` naming the engine, the stage and the field.  A new
 ``Stage`` field fails :func:`test_every_stage_field_has_a_row` until every engine maps or refuses it.
 """
@@ -17,8 +19,8 @@ import pytest
 
 from infergraph_lite.core.policy import AIMD
 from infergraph_lite.core.stage import STAGE_FIELDS, Stage, UnsupportedStageFieldError
-from infergraph_lite.frameworks import ray_serve_options, triton
-from infergraph_lite.serving import graph_server
+from infergraph_lite.frameworks import triton
+from infergraph_lite.frameworks.registry import REGISTRY, stage_graph_engines
 
 
 def fn(items: list[Any]) -> list[Any]:
@@ -28,32 +30,37 @@ def fn(items: list[Any]) -> list[Any]:
 NAME = "topic"
 
 
+# How each registered engine's own settings are read by the rows below (the mapping itself is the registry's).
 def graph_server_settings(stage: Stage) -> dict[str, Any]:
-    return graph_server.from_stage(NAME, stage)
+    return REGISTRY["GraphServer"].stage_settings(NAME, stage)
 
 
 def ray_settings(stage: Stage) -> dict[str, Any]:
-    served = ray_serve_options.from_stage(NAME, stage, num_cpus=0.5)
+    served = REGISTRY["Ray Serve"].stage_settings(NAME, stage, num_cpus=0.5)
     return {"fn": served.fn, **served.options, "batch": served.batching}
 
 
 def dask_settings(stage: Stage) -> dict[str, Any]:
-    dask_graph = pytest.importorskip("infergraph_lite.frameworks.dask_graph")
-    return {"task_fn": dask_graph.from_stage(NAME, stage)}
+    if REGISTRY["Dask"].available() is not None:
+        pytest.skip(REGISTRY["Dask"].available())
+    return {"task_fn": REGISTRY["Dask"].stage_settings(NAME, stage)}
 
 
 def triton_settings(stage: Stage) -> Any:
     # Triton's mapping: a ModelConfig protobuf message (the schema Triton loads), or a refusal.
-    return triton.config_from_stage(NAME, stage, inputs=[("embed", triton.TensorType.text())],
-                                    output=(NAME, triton.TensorType.text()))
+    return REGISTRY["Triton"].stage_settings(NAME, stage, inputs=[("embed", triton.TensorType.text())],
+                                             output=(NAME, triton.TensorType.text()))
 
 
-ENGINES: dict[str, tuple[str, Callable[[Stage], dict[str, Any]]]] = {
-    "GraphServer": (graph_server.ENGINE, graph_server_settings),
-    "Ray Serve": (ray_serve_options.ENGINE, ray_settings),
-    "Dask": ("Dask", dask_settings),
-    "Triton": (triton.ENGINE, triton_settings),
+VIEWS: dict[str, Callable[[Stage], Any]] = {
+    "GraphServer": graph_server_settings,
+    "Ray Serve": ray_settings,
+    "Dask": dask_settings,
+    "Triton": triton_settings,
 }
+# Every engine of the registry that serves a stage graph, with the name its refusals give.
+ENGINES: dict[str, tuple[str, Callable[[Stage], Any]]] = {
+    name: (entry.name, VIEWS[name]) for name, entry in stage_graph_engines().items() if name in VIEWS}
 
 REFUSED = "refused"  # the engine must raise UnsupportedStageFieldError(engine, stage, field, ...)
 
@@ -139,6 +146,25 @@ def test_each_field_is_mapped_or_refused_by_name(engine, field, stage, check):
         assert name in str(error) and repr(NAME) in str(error) and field in str(error)
     else:
         assert check(settings(stage)), f"{engine} did not map {field}={getattr(stage, field)!r}"
+
+
+def test_every_registered_stage_graph_engine_has_a_column():
+    # A new entry in the registry fails here until its settings can be read and every row says what it does.
+    assert set(VIEWS) == set(stage_graph_engines())
+
+
+def test_the_registry_says_which_fields_each_engine_maps_as_the_rows_show():
+    # A field the registry lists is mapped for at least one value other than its default; any other field is
+    # refused at every such value.
+    defaults = Stage(fn=fn)
+    for engine, entry in stage_graph_engines().items():
+        for field in STAGE_FIELDS:
+            rows = [(own.get(engine, stage), expected[engine]) for f, stage, expected, own in ROWS if f == field]
+            moved = [check for stage, check in rows if getattr(stage, field) != getattr(defaults, field)]
+            if field in entry.fields:
+                assert any(check is not REFUSED for check in moved) or field == "fn", (engine, field)
+            elif field != "service_time":  # not a setting of any real engine: neither mapped nor refused
+                assert moved and all(check is REFUSED for check in moved), (engine, field)
 
 
 def test_every_stage_field_has_a_row_for_every_engine():

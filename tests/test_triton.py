@@ -744,7 +744,7 @@ def test_a_port_taken_after_the_pick_is_retried_on_new_ports(monkeypatch, tmp_pa
 @needs_server
 def test_a_dask_cluster_beside_triton_stops_only_its_own_processes(text_server, text_client):
     pytest.importorskip("distributed")
-    from infergraph_lite.frameworks.dask_graph import DaskGraphCluster
+    from infergraph_lite.frameworks.dask import DaskGraphCluster
     from infergraph_lite.lessons.examples import banana_nodes
 
     triton_family = {p.pid for p in text_server.processes()}

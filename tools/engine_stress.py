@@ -113,7 +113,7 @@ def prepare_nothing() -> None:
 
 
 def start_ray(_: None) -> Started:
-    from infergraph_lite.frameworks.ray_serve import RayServeGraph
+    from infergraph_lite.frameworks.ray.serve import RayServeGraph
     from infergraph_lite.lessons.examples import BANANA_INPUTS
 
     graph = RayServeGraph(tiny_stages(), inputs=("text",)).start()
@@ -146,7 +146,7 @@ def start_triton(repository: Path) -> Started:
 
 
 def start_dask(_: None) -> Started:
-    from infergraph_lite.frameworks.dask_graph import DaskGraphCluster
+    from infergraph_lite.frameworks.dask import DaskGraphCluster
     from infergraph_lite.lessons.examples import BANANA_INPUTS, banana_nodes
 
     cluster = DaskGraphCluster(banana_nodes(), inputs=["text"], n_workers=1).start()

@@ -7,9 +7,6 @@ autoscaler's, and the real load tests' (:mod:`infergraph_lite.serving`) all comp
 
 from __future__ import annotations
 
-import math
-import statistics
-
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count
@@ -60,9 +57,7 @@ def busy_fraction(batch_start: np.ndarray, batch_end: np.ndarray, servers: int, 
 def t_quantile(confidence: float, df: int) -> float:
     """The two-sided Student-t quantile: ``t`` with ``P(|T| <= t) = confidence`` for ``df`` degrees of freedom.
 
-    Exact for integer ``df``: the t distribution's CDF has a closed form as a
-    finite sum (Abramowitz & Stegun 26.7.3-4), inverted here by bisection, so
-    no statistics library is needed.  With few samples the t quantile is well
+    SciPy's ``scipy.stats.t.ppf(0.5 + confidence / 2, df)``.  With few samples the t quantile is well
     above the normal one (3.29 for 99.9 %).
 
     >>> round(t_quantile(0.999, 19), 2)   # 20 batch means: 19 degrees of freedom
@@ -73,35 +68,11 @@ def t_quantile(confidence: float, df: int) -> float:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     df = check_count("df", df)
-    if df > 1000:  # the sums below get long: Cornish-Fisher's expansion around the normal quantile (A&S 26.7.5)
-        z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
-        return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-                + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+    # Imported here, not at the top: scipy.stats takes ~0.4 s to import, four times `import infergraph_lite`
+    # (measured), and only the intervals need it.
+    from scipy.stats import t
 
-    def central(t: float) -> float:  # P(|T| <= t)
-        theta = math.atan(t / math.sqrt(df))
-        c2 = math.cos(theta) ** 2
-        if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ...))
-            term, total = 1.0, 1.0 if df > 1 else 0.0
-            for k in range(1, (df - 1) // 2):
-                term *= c2 * (2 * k) / (2 * k + 1)
-                total += term
-            return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-        term, total = 1.0, 1.0  # even: sin (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...)
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        return math.sin(theta) * total
-
-    low, high = 0.0, 1.0
-    while central(high) < confidence:
-        high *= 2
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if central(mid) < confidence else (low, mid)
-        if high - low < 1e-12:
-            break
-    return (low + high) / 2
+    return float(t.ppf(0.5 + confidence / 2, df))
 
 
 class LatencySummary:

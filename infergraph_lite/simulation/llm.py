@@ -247,7 +247,7 @@ def simulate_llm(
     arrival to the first step that may schedule it (it overlaps with any wait for a slot, and delays no other
     request's step); ``response_overhead`` is added after its last token (the end of the stream).  None (the
     default) takes each from ``step_time``'s attribute of that name if it has one — a
-    :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` fitted to a server carries what it
+    :class:`~infergraph_lite.frameworks.llamacpp.profile.StepTimeModel` fitted to a server carries what it
     measured — else 0.
 
     An engine that has been idle is slower to start again (its thread woken, its caches cold): ``wake`` seconds are
@@ -258,13 +258,13 @@ def simulate_llm(
     Where the sequences sit matters to llama.cpp: with a KV cache per slot it runs a step as micro-batches over
     neighbouring slots only.  ``slot_placement`` places every admitted request in one of ``max_num_seqs`` slots by
     llama.cpp's server's rule: ``"lru"``, the least recently used idle slot; ``"prefix"``, for prompts that are
-    prefixes of one text (as :func:`~infergraph_lite.frameworks.llamacpp_model.prompt_of` makes them), the idle
+    prefixes of one text (as :func:`~infergraph_lite.frameworks.llamacpp.model.prompt_of` makes them), the idle
     slot whose cached prompt shares the longest prefix with the new one if that is over ``slot_prompt_similarity``
     of it (llama.cpp's ``--slot-prompt-similarity``; None: its default, 0.1; 0: no prefix search), else the least
     recently used.  ``slot_prompts``: the prompt
     length each slot holds at the start (0: empty; default all empty, a fresh server).  Then ``step_time`` is
     called with a fourth argument, ``extra_batches``: the step's micro-batches beyond the first (a
-    :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` takes it), and ``result.slot`` says where
+    :class:`~infergraph_lite.frameworks.llamacpp.profile.StepTimeModel` takes it), and ``result.slot`` says where
     each request ran (see :meth:`~infergraph_lite.simulation.llm_scheduler.LLMEngine.choose_slot`).  Three lone
     requests on a fresh 4-slot server go round the never-used slots, highest first (llama.cpp's tie-break); with
     prompts of one text, each finds the slot that holds the last one:

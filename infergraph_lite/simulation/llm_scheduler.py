@@ -89,18 +89,18 @@ class LLMEngine:
     ``step_time(prefill_tokens, decode_seqs, kv_tokens)``, ``kv_tokens`` being what the running sequences hold
     in the cache once the step has written its tokens.  ``wake`` seconds are added to a step that starts after the
     engine has had nothing to do (no request running or waiting) for at least ``idle_after`` seconds, and to the
-    first step of all: the cost of waking an idle server (see :class:`~infergraph_lite.frameworks.llamacpp_profile.
+    first step of all: the cost of waking an idle server (see :class:`~infergraph_lite.frameworks.llamacpp.profile.
     StepTimeModel`); ``wakes`` counts the steps that paid it.
 
     ``placement`` gives the ``max_num_seqs`` sequence slots identities, as llama.cpp's server has them, and chooses
     one for each request it admits (:meth:`choose_slot`): ``"lru"``, the least recently used idle slot;
     ``"prefix"``, llama.cpp's rule for prompts that are prefixes of one text (as :func:`~infergraph_lite.frameworks.
-    llamacpp_model.prompt_of` makes them): the idle slot whose cached prompt shares the longest prefix with the new
+    llamacpp.model.prompt_of` makes them): the idle slot whose cached prompt shares the longest prefix with the new
     one, if that is over ``slot_prompt_similarity`` of it, else the least recently used.  ``slot_prompts`` is the
     prompt length each slot holds at the start (0: empty).  With slots placed, ``step_time`` gets a fourth
     argument, the micro-batches the step runs beyond its first: each run of neighbouring slots that decode is one,
     and a prefill beside them one more (llama.cpp's per-slot KV cache; see :func:`~infergraph_lite.frameworks.
-    llamacpp_profile.slot_runs`).  ``slot[i]`` is the slot request ``i`` last ran in (-1: none placed).
+    llamacpp.profile.slot_runs`).  ``slot[i]`` is the slot request ``i`` last ran in (-1: none placed).
 
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
@@ -199,7 +199,7 @@ class LLMEngine:
 
     def extra_batches(self, prefill: int) -> int:
         """Micro-batches beyond the first this step runs: one per run of neighbouring decoding slots, one more for
-        a prefill beside them (llama.cpp's per-slot cache; :func:`~infergraph_lite.frameworks.llamacpp_profile.
+        a prefill beside them (llama.cpp's per-slot cache; :func:`~infergraph_lite.frameworks.llamacpp.profile.
         slot_runs`)."""
         decoding, runs = self.slot_decoding, 0
         if self.decode_step:

@@ -22,7 +22,8 @@ interface) and reads its statistics: the real batch sizes.
 One job per module: ``errors``, ``tensors`` (how values travel), ``runner`` (one request through the
 batch functions), ``config`` (build, write, read, check), ``ensemble`` (an ensemble as a graph),
 ``repository`` (stage graph -> model repository and back), ``backend`` (what Triton's Python stub
-imports: :class:`NodeModel`), ``server`` and ``client``.  The names below are loaded on first use, so
+imports: :class:`NodeModel`), ``server`` and ``client``, and ``engine`` (:class:`TritonGraph`: the three as one
+:class:`~infergraph_lite.frameworks.engine.Engine`).  The names below are loaded on first use, so
 a model process importing :mod:`.backend` loads neither the server, the client nor ``tritonclient``.
 
 Introduced in notebook 07; exercise 5.4 and the 07 exercises use it.
@@ -30,8 +31,9 @@ Introduced in notebook 07; exercise 5.4 and the 07 exercises use it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from infergraph_lite.frameworks.lazy import lazy_exports
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from infergraph_lite.frameworks.triton.backend import NodeModel, load_factory
@@ -50,6 +52,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         parse_model_config,
         read_config,
     )
+    from infergraph_lite.frameworks.triton.engine import TritonGraph
     from infergraph_lite.frameworks.triton.ensemble import EnsembleGraph, ensemble_to_graph
     from infergraph_lite.frameworks.triton.errors import TritonConfigError, TritonStartError, TritonUnavailableError
     from infergraph_lite.frameworks.triton.repository import (
@@ -74,6 +77,7 @@ _EXPORTS = {
     "config": ["ENGINE", "TRITON_FIELDS", "ModelConfig", "check_model_config", "config_from_stage", "config_text",
                "declare_tensors", "ensemble_config", "member_config", "model_config_type_name", "parse_model_config",
                "read_config"],
+    "engine": ["TritonGraph"],
     "ensemble": ["EnsembleGraph", "ensemble_to_graph"],
     "errors": ["TritonConfigError", "TritonStartError", "TritonUnavailableError"],
     "repository": ["Repository", "add_model_version", "read_repository", "to_model_repository"],
@@ -81,7 +85,6 @@ _EXPORTS = {
     "server": ["TritonServer", "triton_available"],
     "tensors": ["ENCODING_PARAMETER", "Encoding", "TensorType", "declared_type", "tensor_type_of"],
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
     "ENCODING_PARAMETER",
@@ -96,6 +99,7 @@ __all__ = [
     "TensorType",
     "TritonClient",
     "TritonConfigError",
+    "TritonGraph",
     "TritonServer",
     "TritonStartError",
     "TritonUnavailableError",
@@ -121,15 +125,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # PEP 562: a name is imported from its module when first asked for, then kept here.
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+# PEP 562: a name is imported from its module when first asked for, then kept here.
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
