@@ -230,6 +230,7 @@ class LlamaCppServer:
         self.ready_timeout = float(ready_timeout)
         self._port_asked = port
         self._own_log = log_path is None
+        self._kept_log_tail = ""    # the log's end, kept by close() when it removes a log of its own
         self.log_path = Path(log_path) if log_path is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._closing = False            # close() was called: a process that ends now was stopped, not killed
@@ -351,6 +352,8 @@ class LlamaCppServer:
         if self._proc is not None:
             _stop(self._proc, timeout)
         if self._own_log and self.log_path is not None:
+            # a client whose stream the stop cut off may still ask why (exit_reason): keep the log's end for it
+            self._kept_log_tail = self.log_tail(200)
             self.log_path.unlink(missing_ok=True)    # a start-up error already carries the log's text
 
     def __enter__(self) -> LlamaCppServer:
@@ -381,9 +384,11 @@ class LlamaCppServer:
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of llama.cpp's log (its stderr)."""
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        try:
+            text = self.log_path.read_text(errors="replace") if self.log_path is not None else ""
+        except FileNotFoundError:    # removed by close(), maybe while a client thread was asking
+            text = self._kept_log_tail
+        return "\n".join(text.splitlines()[-lines:])
 
     def __repr__(self) -> str:
         state = f"{self.url} pid {self.pid}" if self.running else "stopped"
