@@ -4,7 +4,8 @@ An LLM request is not one call but a loop: a prefill step over its prompt emits 
 one decode step per further token.  The engine schedules per *step*: at every step boundary finished sequences
 leave and waiting requests join, bounded by ``max_num_seqs``, a per-step token budget and the KV cache.  The
 policy is :func:`~infergraph_lite.simulation.llm_scheduler.schedule_step`; this module checks the arguments,
-runs :class:`~infergraph_lite.simulation.llm_scheduler.LLMEngine` and summarises what it recorded.
+runs :class:`~infergraph_lite.simulation.llm_scheduler.LLMEngine` and summarises what it recorded (its step log,
+:class:`~infergraph_lite.simulation.llm_step.StepRun`, and its sequences).
 
 Knob names beside ours: vLLM ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
 ``enable_chunked_prefill``; llama.cpp ``--parallel`` (slots), ``--ctx-size`` (the cache, shared by the slots),
@@ -18,6 +19,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from itertools import chain
 
 import numpy as np
 
@@ -25,10 +27,12 @@ from infergraph_lite.core.arguments import check_count, check_fraction, check_no
 from infergraph_lite.core.llm_metrics import LLMMetrics
 from infergraph_lite.core.metrics import LatencySummary, latency_percentile
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
+from infergraph_lite.simulation.llm_step import StepRun
+from infergraph_lite.simulation.step_time import StepTime, step_costs
 
 __all__ = ["LLMResult", "simulate_llm"]
 
-StepTime = float | Callable[[int, int, int], float]
+StepTimeArg = float | StepTime
 Lengths = int | Sequence[int] | np.ndarray
 
 
@@ -197,7 +201,7 @@ def simulate_llm(
     n_requests: int,
     prompt_tokens: Lengths,
     output_tokens: Lengths,
-    step_time: StepTime,
+    step_time: StepTimeArg,
     max_num_seqs: int,
     arrival_rate: float | None = None,
     arrivals: Sequence[float] | np.ndarray | None = None,
@@ -246,7 +250,8 @@ def simulate_llm(
     setting up its slot, streaming the answer back.  ``request_overhead`` is the seconds from a request's
     arrival to the first step that may schedule it (it overlaps with any wait for a slot, and delays no other
     request's step); ``response_overhead`` is added after its last token (the end of the stream).  None (the
-    default) takes each from ``step_time``'s attribute of that name if it has one — a
+    default) takes each from ``step_time``'s attribute of that name if it has one (the attributes of
+    :class:`~infergraph_lite.simulation.step_time.ServerStepTime`) — a
     :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` fitted to a server carries what it
     measured — else 0.
 
@@ -265,7 +270,7 @@ def simulate_llm(
     length each slot holds at the start (0: empty; default all empty, a fresh server).  Then ``step_time`` is
     called with a fourth argument, ``extra_batches``: the step's micro-batches beyond the first (a
     :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` takes it), and ``result.slot`` says where
-    each request ran (see :meth:`~infergraph_lite.simulation.llm_scheduler.LLMEngine.choose_slot`).  Three lone
+    each request ran (see :meth:`~infergraph_lite.simulation.llm_slots.LlamaCppSlots.choose_slot`).  Three lone
     requests on a fresh 4-slot server go round the never-used slots, highest first (llama.cpp's tie-break); with
     prompts of one text, each finds the slot that holds the last one:
 
@@ -321,9 +326,9 @@ def simulate_llm(
     times = _arrivals(arrival_rate, arrivals, n, seed)
     similarity, cached = _placement(slot_placement, slot_prompt_similarity, slot_prompts, max_num_seqs)
     step = _step_time(step_time, placed=slot_placement is not None)
-    before = _overhead("request_overhead", request_overhead, step_time)
-    after = _overhead("response_overhead", response_overhead, step_time)
-    wake_s, idle_s = _wake(wake, idle_after, step_time)
+    costs = step_costs(step_time, request_overhead=request_overhead, response_overhead=response_overhead,
+                       wake=wake, idle_after=idle_after)
+    before, after, wake_s, idle_s = costs.request_overhead, costs.response_overhead, costs.wake, costs.idle_after
 
     # The most a request ever holds in the cache: prompt + output - 1 (its last token is never fed back).
     footprint = prompt + output - 1
@@ -368,7 +373,7 @@ def simulate_llm(
     engine.run(step, None if callable(step_time) else float(step_time))
     return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
                    wake=wake_s, idle_after=idle_s, wakes=engine.wakes,
-                   slot=None if slot_placement is None else np.array(engine.slot))
+                   slot=None if slot_placement is None else np.array([s.slot for s in engine.seqs]))
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -400,30 +405,7 @@ def _arrivals(arrival_rate: float | None, arrivals: Sequence[float] | np.ndarray
     return np.random.default_rng(seed).exponential(1.0 / rate, n).cumsum()
 
 
-def _overhead(name: str, value: float | None, step_time: StepTime) -> float:
-    if value is None:
-        value = getattr(step_time, name, 0.0)
-        if value is None:
-            return 0.0
-        name = f"step_time.{name}"
-    return check_number(name, value, positive=False)
-
-
-def _wake(wake: float | None, idle_after: float | None, step_time: StepTime) -> tuple[float, float]:
-    # The wake-up cost and the idle time that makes a step pay it: arguments, else step_time's attributes.
-    seconds = _overhead("wake", wake, step_time)
-    if idle_after is not None:
-        return seconds, check_number("idle_after", idle_after)
-    if not seconds:
-        return 0.0, math.inf
-    idle_after = getattr(step_time, "idle_after", None)
-    if idle_after is None:
-        raise ValueError("idle_after: a wake cost needs the idle time (seconds > 0) after which a step pays it, "
-                         "given as idle_after= or as step_time.idle_after")
-    return seconds, check_number("step_time.idle_after", idle_after)
-
-
-def _step_time(step_time: StepTime, placed: bool = False) -> Callable[..., float]:
+def _step_time(step_time: StepTimeArg, placed: bool = False) -> Callable[..., float]:
     # Fail before anything runs if step_time cannot be called as documented (with slots placed: four arguments).
     if callable(step_time):
         args = (1, 1, 2, 1) if placed else (1, 0, 1)
@@ -467,12 +449,12 @@ def _placement(placement: str | None, similarity: float | None, slot_prompts: Se
 
 def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int,
             request_overhead: float, response_overhead: float) -> LLMResult:
-    first = np.array(e.first_token)
-    finish = np.array(e.finish_time) + response_overhead
-    generated = np.array(e.generated)
+    seqs = _sequences(e)
+    first, generated = seqs["first_token"], seqs["generated"]
+    finish = seqs["finish_time"] + response_overhead
     end, dt, prefill, decode, kv_tokens, kv_blocks = _steps(e)
-    runs = _token_runs(e)
-    max_itl = _max_token_gaps(e, end[decode > 0], runs)
+    runs = _token_runs(e, seqs)
+    max_itl = _max_token_gaps(seqs["max_gap"], end[decode > 0], runs)
     slots_time = float(np.sum(dt * kv_blocks)) * block_size
     makespan = float(finish.max() - times.min())
     window = float(finish[skip:].max() - times[skip])
@@ -492,13 +474,18 @@ def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int,
 def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
     # The engine's runs of identical steps, one entry per step: end, duration, prefill tokens, decoding
     # sequences, KV tokens held and blocks allocated.
-    runs = np.array(e.runs, dtype=float).reshape(-1, 9)   # ints held exactly: all far below 2**53
-    k = runs[:, 3].astype(np.int64)
+    # numpy reads a list of named tuples slowly (it probes each for the array protocols): read their items.
+    width = len(StepRun._fields)
+    log = np.fromiter(chain.from_iterable(e.runs), float, count=width * len(e.runs)).reshape(-1, width)
+    run = dict(zip(StepRun._fields, log.T))
+    k = run["steps"].astype(np.int64)
     starts = np.cumsum(k) - k
     offset = np.arange(int(k.sum())) - np.repeat(starts, k)     # the step's position in its run
-    dt = np.repeat(runs[:, 2], k)
-    end = np.repeat(runs[:, 1], k) + (offset + 1) * dt
-    prefill, decode, kv_tokens, blocks, pattern = (np.repeat(runs[:, c].astype(np.int64), k) for c in range(4, 9))
+    dt = np.repeat(run["duration"], k)
+    end = np.repeat(run["start"], k) + (offset + 1) * dt
+    prefill, decode, kv_tokens, blocks, pattern = (
+        np.repeat(run[name].astype(np.int64), k)
+        for name in ("prefill_tokens", "decode_seqs", "kv_tokens", "kv_blocks", "pattern"))
     kv_tokens += offset * decode
     if e.patterns:
         # In a run of decodes, step m allocates needs[m % block_size] blocks; add them up within each run.
@@ -511,25 +498,33 @@ def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
     return end, dt, prefill, decode, kv_tokens, blocks
 
 
-def _token_runs(e: LLMEngine) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _sequences(e: LLMEngine) -> dict[str, np.ndarray]:
+    # The sequences' final state, one array per field, read in one pass.
+    names = ("first_token", "finish_time", "generated", "output", "version", "decode_start", "max_gap")
+    columns = zip(*((s.first_token, s.finish_time, s.generated, s.output, s.version, s.decode_start, s.max_gap)
+                    for s in e.seqs))
+    return {name: np.array(column) for name, column in zip(names, columns)}
+
+
+def _token_runs(e: LLMEngine, seqs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     # Each segment (run of a request's tokens): its request, a token at `first` (a prefill's end), then one at
     # each decode step lo..hi (none if hi < lo).  A request never preempted while decoding has one segment: first
     # token, then decode steps from its decode start to its last token; the engine records only the others'.
-    output = np.array(e.output, dtype=np.int64)
-    single = np.flatnonzero(np.array(e.version) == 0)
-    start = np.array(e.decode_start, dtype=np.int64)[single]
+    output = seqs["output"].astype(np.int64)
+    single = np.flatnonzero(seqs["version"] == 0)
+    start = seqs["decode_start"].astype(np.int64)[single]
     start[output[single] == 1] = 0                 # a one-token answer: no decode step (hi = lo - 1)
     req = np.concatenate([single, np.array(e.seg_request, dtype=np.int64)])
-    first = np.concatenate([np.array(e.first_token)[single], e.seg_first])
+    first = np.concatenate([seqs["first_token"][single], e.seg_first])
     lo = np.concatenate([start, np.array(e.seg_from, dtype=np.int64)])
     hi = np.concatenate([start + output[single] - 2, np.array(e.seg_to, dtype=np.int64)])
     return req, first, lo, hi
 
 
-def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray,
+def _max_token_gaps(max_gap: np.ndarray, decode_end: np.ndarray,
                     runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     # Each segment's longest gap is max(decode_end[lo] - first, the longest decode-step-to-decode-step gap in
-    # lo+1..hi); a request's is the longest of its segments' and of the gaps between them (e.max_gap).
+    # lo+1..hi); a request's is the longest of its segments' and of the gaps between them (max_gap).
     gaps = np.diff(decode_end)                     # gaps[k] = decode_end[k + 1] - decode_end[k]
     req, first, lo, hi = runs
     has = hi >= lo
@@ -538,7 +533,7 @@ def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray,
     inner = hi > lo                                # gaps[lo .. hi-1]
     if inner.any():
         seg_max[inner] = np.maximum(seg_max[inner], _range_max(gaps, lo[inner], hi[inner]))
-    result = np.array(e.max_gap)
+    result = max_gap.copy()
     ok = ~np.isnan(seg_max)
     np.fmax.at(result, req[ok], seg_max[ok])
     return result
