@@ -26,6 +26,7 @@ import numpy as np
 from infergraph_lite.core.arguments import check_count, check_fraction, check_non_negative_int, check_number
 from infergraph_lite.core.llm_metrics import LLMMetrics
 from infergraph_lite.core.metrics import LatencySummary, latency_percentile
+from infergraph_lite.simulation.llm_blocks import block_keys
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
 from infergraph_lite.simulation.llm_step import StepRun
 from infergraph_lite.simulation.step_time import StepTime, step_costs
@@ -85,6 +86,8 @@ class LLMResult(LatencySummary):
     # Each run of a request's tokens at consecutive steps: (request, its first token's time, its first and last
     # decode step); the tokens after the first come at the ends of those decode steps.  See token_times.
     token_runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    prompt_tokens: np.ndarray | None = None   # each request's prompt length
+    cached_tokens: np.ndarray | None = None   # prompt tokens its first prefill found in the prefix cache (0: none)
 
     @property
     def e2e(self) -> np.ndarray:
@@ -192,6 +195,14 @@ class LLMResult(LatencySummary):
                                            percentiles=percentiles)
 
     @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache over prompt tokens, of the measured requests (after the
+        warm-up); each request counted at its first admission, as vLLM's usage reports ``cached_tokens``."""
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            raise ValueError("this result records no prompt or cached tokens")
+        return float(self.cached_tokens[self.warmup:].sum() / self.prompt_tokens[self.warmup:].sum())
+
+    @property
     def steps(self) -> int:
         return len(self.steps_end)
 
@@ -199,7 +210,7 @@ class LLMResult(LatencySummary):
 def simulate_llm(
     *,
     n_requests: int,
-    prompt_tokens: Lengths,
+    prompt_tokens: Lengths | None = None,
     output_tokens: Lengths,
     step_time: StepTimeArg,
     max_num_seqs: int,
@@ -222,6 +233,8 @@ def simulate_llm(
     slot_placement: str | None = None,
     slot_prompt_similarity: float | None = None,
     slot_prompts: Sequence[int] | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
+    prefix_caching: bool = False,
 ) -> LLMResult:
     """Simulate an LLM engine serving ``n_requests`` requests, step by step.
 
@@ -245,6 +258,27 @@ def simulate_llm(
     running sequence (its cache dropped and recomputed later, as vLLM does).  ``"reserve_max"`` reserves
     prompt + ``max_tokens`` (default: the longest ``output_tokens``) for a request when it is admitted, as
     systems before paged attention did.  The first ``warmup`` fraction of requests is left out of summaries.
+
+    Prefix caching (vLLM's automatic prefix caching): ``prompts`` gives each request's token ids (its length is
+    the prompt length; ``prompt_tokens`` may then be left out) and ``prefix_caching=True`` turns the cache on
+    (``kv_allocation="paged"`` only).  Each time a request's prefill is scheduled from its start (on admission,
+    and again after a preemption) it reuses the longest run of its leading full blocks found in the cache, at
+    most ``(prompt - 1) // block_size`` of them (one token is always computed); a full block is known by its token
+    ids and its parent block's, a reused block is shared and counts once toward ``kv_cache_tokens``, and a block
+    whose sequences have left stays cached until an allocation takes it (never-used blocks first, then the free
+    queue's head; a sequence's blocks join the queue last block first).  ``step_time`` is called with the prompt
+    tokens a step computes, cached ones excluded; ``result.cached_tokens`` holds each request's reused tokens at
+    its first admission and ``result.prefix_hit_rate`` their share of the prompt tokens (see
+    :class:`~infergraph_lite.simulation.llm_blocks.PrefixCachingBlockManager`).  Two requests with one 40-token
+    system prompt, in blocks of 16, the second after the first: it reuses 2 full blocks, and its prefill step
+    computes the other 10 tokens:
+
+    >>> from infergraph_lite.simulation.prefix_workloads import shared_prefix_prompts
+    >>> prompts = shared_prefix_prompts(2, system_tokens=40, question_tokens=10)
+    >>> r = simulate_llm(n_requests=2, prompts=prompts, output_tokens=2, step_time=0.01, max_num_seqs=4,
+    ...                  arrivals=[0.0, 1.0], prefix_caching=True)
+    >>> r.cached_tokens, r.steps_prefill_tokens.tolist(), r.prefix_hit_rate
+    (array([ 0, 32]), [50, 0, 18, 0], 0.32)
 
     A real server spends time on a request outside its engine's steps: receiving and parsing it, tokenizing,
     setting up its slot, streaming the answer back.  ``request_overhead`` is the seconds from a request's
@@ -310,10 +344,15 @@ def simulate_llm(
     (array([0.013, 0.01 , 0.013]), array([0.043, 0.04 , 0.043]), 2)
     """
     n = check_count("n_requests", n_requests)
-    prompt = _lengths("prompt_tokens", prompt_tokens, n)
+    block_size = check_count("block_size", block_size)
+    prompt, keys = _prompts(prompts, prompt_tokens, prefix_caching, n, block_size)
+    if prefix_caching and kv_allocation != "paged":
+        raise ValueError("prefix_caching needs kv_allocation='paged': cached blocks are shared paged blocks")
+    if prefix_caching and slot_placement is not None:
+        raise ValueError("prefix_caching and slot_placement: llama.cpp's slots keep one prompt each, not a shared "
+                         "block pool; simulate one or the other")
     output = _lengths("output_tokens", output_tokens, n)
     max_num_seqs = check_count("max_num_seqs", max_num_seqs)
-    block_size = check_count("block_size", block_size)
     if scheduling not in ("continuous", "static"):
         raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
     if kv_allocation not in ("paged", "reserve_max"):
@@ -369,11 +408,12 @@ def simulate_llm(
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
                        prefill_first=bool(prefill_first), static=scheduling == "static", wake=wake_s,
                        idle_after=idle_s, placement=slot_placement, slot_prompt_similarity=similarity,
-                       slot_prompts=cached)
+                       slot_prompts=cached, prefix_keys=keys)
     engine.run(step, None if callable(step_time) else float(step_time))
     return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
                    wake=wake_s, idle_after=idle_s, wakes=engine.wakes,
-                   slot=None if slot_placement is None else np.array([s.slot for s in engine.seqs]))
+                   slot=None if slot_placement is None else np.array([s.slot for s in engine.seqs]),
+                   prompt_tokens=prompt, cached_tokens=np.array([max(s.cached, 0) for s in engine.seqs]))
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -388,6 +428,39 @@ def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
         bad = array if array.dtype.kind not in "iuf" else array[~(array >= 1)][:1]
         raise ValueError(f"{name} must be whole numbers >= 1, got {bad!r}")
     return array.astype(np.int64)
+
+
+def _prompts(prompts: Sequence[Sequence[int]] | None, prompt_tokens: Lengths | None, prefix_caching: bool,
+             n: int, block_size: int) -> tuple[np.ndarray, list[list[int]] | None]:
+    # The prompt lengths, and with prefix caching each prompt's full-block keys; bad input named before any run.
+    if not isinstance(prefix_caching, (bool, np.bool_)):
+        raise ValueError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+    if prompts is None:
+        if prefix_caching:
+            raise ValueError("prefix_caching needs prompts=: one sequence of token ids per request (the cache "
+                             "matches token ids, not lengths)")
+        if prompt_tokens is None:
+            raise ValueError("prompt_tokens (or prompts) is required: one length per request, or an int")
+        return _lengths("prompt_tokens", prompt_tokens, n), None
+    if isinstance(prompts, (str, bytes)) or len(prompts) != n:
+        raise ValueError(f"prompts must hold one sequence of token ids per request ({n}), got {type(prompts).__name__}"
+                         f" of length {len(prompts)}")
+    ids = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                  for t in p):
+            raise ValueError(f"prompts[{i}] must be a sequence of integer token ids, got {str(p)[:60]!r}")
+        if len(p) < 1:
+            raise ValueError(f"prompts[{i}] is empty: a prompt needs at least one token id")
+        ids.append([int(t) for t in p])
+    lengths = np.array([len(p) for p in ids], dtype=np.int64)
+    if prompt_tokens is not None:
+        given = _lengths("prompt_tokens", prompt_tokens, n)
+        if not np.array_equal(given, lengths):
+            i = int(np.flatnonzero(given != lengths)[0])
+            raise ValueError(f"prompts and prompt_tokens disagree: prompts[{i}] has {lengths[i]} token ids, "
+                             f"prompt_tokens says {given[i]} (give prompts alone: its lengths are the prompt lengths)")
+    return lengths, block_keys(ids, block_size) if prefix_caching else None
 
 
 def _arrivals(arrival_rate: float | None, arrivals: Sequence[float] | np.ndarray | None, n: int,

@@ -21,7 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from infergraph_lite.simulation.llm_blocks import BlockManager
+from infergraph_lite.simulation.llm_blocks import BlockManager, PrefixCachingBlockManager
 from infergraph_lite.simulation.llm_sequence import Sequence
 from infergraph_lite.simulation.llm_slots import LlamaCppSlots
 from infergraph_lite.simulation.llm_step import Step, StepRun
@@ -96,6 +96,8 @@ class LLMEngine:
     ``placement`` (``"lru"`` or ``"prefix"``) places the sequences in ``max_num_seqs`` slots as llama.cpp's server
     does (:class:`~infergraph_lite.simulation.llm_slots.LlamaCppSlots`, given ``slot_prompt_similarity`` and
     ``slot_prompts``); then ``step_time`` gets a fourth argument, the micro-batches the step runs beyond its first.
+    ``prefix_keys`` (each request's :func:`~infergraph_lite.simulation.llm_blocks.block_keys`) turns prefix caching
+    on (:class:`~infergraph_lite.simulation.llm_blocks.PrefixCachingBlockManager`).
 
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
@@ -108,10 +110,12 @@ class LLMEngine:
                  reserve: list[int] | None = None, chunked_prefill: bool = True, prefill_first: bool = False,
                  static: bool = False, wake: float = 0.0, idle_after: float = math.inf,
                  placement: str | None = None, slot_prompt_similarity: float = 0.1,
-                 slot_prompts: list[int] | None = None) -> None:
+                 slot_prompts: list[int] | None = None, prefix_keys: list[list[int]] | None = None) -> None:
         self.seqs = [Sequence(i, p, o, a, p) for i, (p, o, a) in enumerate(zip(prompt, output, arrival))]
         self.arrival = arrival
-        self.blocks = BlockManager(num_blocks, block_size, reserve)
+        self.blocks = (BlockManager(num_blocks, block_size, reserve) if prefix_keys is None
+                       else PrefixCachingBlockManager(num_blocks, block_size, prefix_keys))
+        self.cached_tokens = 0                # prompt tokens prefills found in the prefix cache, re-admissions too
         self.slots = None if placement is None else LlamaCppSlots(
             placement, prompt, max_num_seqs=max_num_seqs, slot_prompt_similarity=slot_prompt_similarity,
             slot_prompts=slot_prompts)
@@ -173,12 +177,13 @@ class LLMEngine:
         admitted = 0
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.seqs[self.waiting[0]]
-            n = seq.num_tokens
+            hits = self.blocks.lookup(seq)     # a prefill from the start reuses the cached leading blocks
+            n = seq.num_tokens - len(hits) * self.block_size
             if not whole:
                 n = int(min(n, budget))
-            if n > budget or not self.blocks.allocate(seq, n):
+            if n > budget or not self.blocks.allocate(seq, n, hits):
                 break
-            self._join(self.waiting.popleft())
+            self._join(self.waiting.popleft(), len(hits))
             step.prefill.append((seq.index, n))
             budget -= n
             admitted += 1
@@ -188,11 +193,20 @@ class LLMEngine:
         # Static batching: whole prompts (or reservations) allocated up front; chunks are scheduled as running.
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.seqs[self.waiting[0]]
-            if not self.blocks.allocate(seq, seq.num_tokens):
+            hits = self.blocks.lookup(seq)
+            if not self.blocks.allocate(seq, seq.num_tokens - len(hits) * self.block_size, hits):
                 break
-            self._join(self.waiting.popleft())
+            self._join(self.waiting.popleft(), len(hits))
 
-    def _join(self, i: int) -> None:
+    def _join(self, i: int, hit_blocks: int) -> None:
+        if hit_blocks:                         # the reused tokens are in its cache from now on
+            cached = hit_blocks * self.block_size
+            self.kv_tokens += cached
+            self.cached_tokens += cached
+            if self.seqs[i].cached < 0:
+                self.seqs[i].cached = cached
+        elif self.seqs[i].cached < 0:
+            self.seqs[i].cached = 0
         self.running[i] = False
         if self.slots is not None:
             self.seqs[i].slot = self.slots.take(i)
