@@ -133,9 +133,10 @@ class PrefixCachingBlockManager(BlockManager):
     block_size`` so that at least one prompt token is computed; :meth:`allocate` shares them (reference counts:
     a shared block counts once toward the cache) and caches each full prompt block as soon as a step is
     scheduled to compute it (so a request admitted later in the same step already reuses it, as vLLM's
-    ``allocate_slots`` does).  Free blocks form one queue: a leaving sequence's blocks join its tail, last block
-    first (its first blocks, the likeliest shared, are evicted last), and an allocation takes a never-used block
-    if one is left, else the queue's head, evicting the key it held.  A block is never freed while in use.
+    ``allocate_slots`` does; a block two sequences computed is cached twice, and a lookup takes the older copy).
+    Free blocks form one queue: a leaving sequence's blocks join its tail, last block first (its first blocks,
+    the likeliest shared, are evicted last), and an allocation takes a never-used block if one is left, else the
+    queue's head, evicting the key it held.  A block is never freed while in use.
 
     Blocks a sequence fills while decoding hold generated tokens, whose ids the simulator does not know: they
     are never cached (they are interchangeable, so the manager keeps them in one pool, :attr:`decode_pool`).
@@ -156,7 +157,9 @@ class PrefixCachingBlockManager(BlockManager):
         self.never_used = 0                      # blocks 0 .. never_used - 1 have been allocated at least once
         self.queue: OrderedDict[int, None] = OrderedDict()   # free blocks that were used, head first
         self.ref: dict[int, int] = {}            # sequences holding each block
-        self.block_of: dict[int, int] = {}       # key -> the block caching it
+        # key -> the blocks caching it, oldest first: two sequences that computed the same block both keep it
+        # cached, and a lookup takes the oldest (vLLM's BlockHashToBlockMap)
+        self.block_of: dict[int, dict[int, None]] = {}
         self.key_of: dict[int, int] = {}         # block -> its key
         self.decode_pool: list[int] = []         # blocks decoding sequences filled (never cached)
 
@@ -164,10 +167,10 @@ class PrefixCachingBlockManager(BlockManager):
         """The cached blocks of ``seq``'s longest run of leading full prompt blocks, one token left to compute."""
         hits = []
         for key in self.keys[seq.index][: (seq.prompt - 1) // self.block_size]:
-            block = self.block_of.get(key)
-            if block is None:
+            copies = self.block_of.get(key)
+            if copies is None:
                 break
-            hits.append(block)
+            hits.append(next(iter(copies)))
         return hits
 
     def can_allocate(self, seq: Sequence, n: int, hits: Seq[int] = ()) -> bool:
@@ -197,9 +200,8 @@ class PrefixCachingBlockManager(BlockManager):
             seq.blocks.append(self._take())
         keys = self.keys[seq.index]
         for j in range(start, min((seq.computed + n) // self.block_size, len(keys))):
-            if keys[j] not in self.block_of:     # the first copy of a block stays the cached one
-                self.block_of[keys[j]] = seq.blocks[j]
-                self.key_of[seq.blocks[j]] = keys[j]
+            self.block_of.setdefault(keys[j], {})[seq.blocks[j]] = None
+            self.key_of[seq.blocks[j]] = keys[j]
         seq.held = len(seq.blocks)
         return True
 
@@ -212,7 +214,10 @@ class PrefixCachingBlockManager(BlockManager):
             block, _ = self.queue.popitem(last=False)
             key = self.key_of.pop(block, None)
             if key is not None:
-                del self.block_of[key]
+                copies = self.block_of[key]
+                del copies[block]
+                if not copies:
+                    del self.block_of[key]
         self.ref[block] = 1
         self.num_free -= 1
         self.num_used += 1
