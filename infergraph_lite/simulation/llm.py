@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -69,7 +70,8 @@ class LLMResult(LatencySummary):
     request_throughput: float   # requests finished per second over the measured window
     makespan: float             # first arrival to last finish
     preemptions: int            # sequences preempted (cache dropped, recomputed later)
-    kv_utilization: float       # time-averaged fraction of allocated KV slots holding real tokens
+    kv_utilization: float       # time-averaged fraction of allocated KV slots holding real tokens (with prefix
+                                # caching, a shared block's tokens count once per sequence: may pass 1)
     kv_occupancy: float         # time-averaged fraction of the KV cache allocated (NaN: unlimited cache)
     warmup: int                 # requests left out of the summaries
     steps_end: np.ndarray
@@ -413,7 +415,8 @@ def simulate_llm(
     return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
                    wake=wake_s, idle_after=idle_s, wakes=engine.wakes,
                    slot=None if slot_placement is None else np.array([s.slot for s in engine.seqs]),
-                   prompt_tokens=prompt, cached_tokens=np.array([max(s.cached, 0) for s in engine.seqs]))
+                   prompt_tokens=prompt,
+                   cached_tokens=np.maximum(np.array(list(map(attrgetter("cached"), engine.seqs))), 0))
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -572,11 +575,9 @@ def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
 
 
 def _sequences(e: LLMEngine) -> dict[str, np.ndarray]:
-    # The sequences' final state, one array per field, read in one pass.
+    # The sequences' final state, one array per field (attrgetter: the fastest way to read a field of each).
     names = ("first_token", "finish_time", "generated", "output", "version", "decode_start", "max_gap")
-    columns = zip(*((s.first_token, s.finish_time, s.generated, s.output, s.version, s.decode_start, s.max_gap)
-                    for s in e.seqs))
-    return {name: np.array(column) for name, column in zip(names, columns)}
+    return {name: np.array(list(map(attrgetter(name), e.seqs))) for name in names}
 
 
 def _token_runs(e: LLMEngine, seqs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
