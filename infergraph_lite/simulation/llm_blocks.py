@@ -64,9 +64,9 @@ class BlockManager:
         """The blocks a sequence with ``computed`` tokens in the cache holds (its reservation, if reserving)."""
         return self.reserve[seq.index] if self.reserve is not None else -(-computed // self.block_size)
 
-    def lookup(self, seq: Sequence) -> list[int]:
+    def lookup(self, seq: Sequence) -> Seq[int]:
         """The cached blocks ``seq``'s prefill may reuse: none without prefix caching."""
-        return []
+        return ()
 
     def can_allocate(self, seq: Sequence, n: int, hits: Seq[int] = ()) -> bool:
         """Whether the free blocks cover ``n`` more prompt tokens of ``seq`` (or its reservation)."""
@@ -75,7 +75,8 @@ class BlockManager:
     def allocate(self, seq: Sequence, n: int, hits: Seq[int] = ()) -> bool:
         """Give ``seq`` the blocks for ``n`` more prompt tokens (or its reservation); False if the cache is short.
         (``hits``: cached blocks it reuses, always none here.)"""
-        want = self.held_by(seq, seq.computed + n)
+        # held_by, inlined: this runs for every prefill chunk
+        want = self.reserve[seq.index] if self.reserve is not None else -(-(seq.computed + n) // self.block_size)
         need = want - seq.held
         if need > self.num_free:
             return False

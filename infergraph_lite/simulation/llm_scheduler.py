@@ -183,7 +183,7 @@ class LLMEngine:
                 n = int(min(n, budget))
             if n > budget or not self.blocks.allocate(seq, n, hits):
                 break
-            self._join(self.waiting.popleft(), len(hits))
+            self._join(seq, len(hits) * self.block_size)
             step.prefill.append((seq.index, n))
             budget -= n
             admitted += 1
@@ -196,21 +196,20 @@ class LLMEngine:
             hits = self.blocks.lookup(seq)
             if not self.blocks.allocate(seq, seq.num_tokens - len(hits) * self.block_size, hits):
                 break
-            self._join(self.waiting.popleft(), len(hits))
+            self._join(seq, len(hits) * self.block_size)
 
-    def _join(self, i: int, hit_blocks: int) -> None:
-        if hit_blocks:                         # the reused tokens are in its cache from now on
-            cached = hit_blocks * self.block_size
-            self.kv_tokens += cached
+    def _join(self, seq: Sequence, cached: int) -> None:
+        # The first waiting request starts running, ``cached`` of its tokens found in the prefix cache.
+        self.waiting.popleft()
+        if seq.cached < 0:
+            seq.cached = cached                # what its first admission reused (vLLM's usage reports that)
+        if cached:
+            self.kv_tokens += cached           # the reused tokens are in its cache from now on
             self.cached_tokens += cached
-            if self.seqs[i].cached < 0:
-                self.seqs[i].cached = cached
-        elif self.seqs[i].cached < 0:
-            self.seqs[i].cached = 0
-        self.running[i] = False
+        self.running[seq.index] = False
         if self.slots is not None:
-            self.seqs[i].slot = self.slots.take(i)
-        self.prefilling.append(i)
+            seq.slot = self.slots.take(seq.index)
+        self.prefilling.append(seq.index)
 
     def preempt(self, i: int) -> None:
         """Drop request ``i``'s cache (to recompute it later) and put it back at the front of the queue."""
