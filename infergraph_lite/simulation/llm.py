@@ -5,7 +5,7 @@ one decode step per further token.  The engine schedules per *step*: at every st
 leave and waiting requests join, bounded by ``max_num_seqs``, a per-step token budget and the KV cache.  The
 policy is :func:`~infergraph_lite.simulation.llm_scheduler.schedule_step`; this module checks the arguments,
 runs :class:`~infergraph_lite.simulation.llm_scheduler.LLMEngine` and summarises what it recorded (its step log,
-:class:`~infergraph_lite.simulation.llm_step.StepRun`, and its sequences).
+:class:`~infergraph_lite.simulation.llm_step.StepLog`, and its sequences).
 
 Knob names beside ours: vLLM ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
 ``enable_chunked_prefill``; llama.cpp ``--parallel`` (slots), ``--ctx-size`` (the cache, shared by the slots),
@@ -19,7 +19,6 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -29,7 +28,6 @@ from infergraph_lite.core.llm_metrics import LLMMetrics
 from infergraph_lite.core.metrics import LatencySummary, latency_percentile
 from infergraph_lite.simulation.llm_blocks import block_keys
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
-from infergraph_lite.simulation.llm_step import StepRun
 from infergraph_lite.simulation.step_time import StepTime, step_costs
 
 __all__ = ["LLMResult", "simulate_llm"]
@@ -550,17 +548,14 @@ def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int,
 def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
     # The engine's runs of identical steps, one entry per step: end, duration, prefill tokens, decoding
     # sequences, KV tokens held and blocks allocated.
-    # numpy reads a list of named tuples slowly (it probes each for the array protocols): read their items.
-    width = len(StepRun._fields)
-    log = np.fromiter(chain.from_iterable(e.runs), float, count=width * len(e.runs)).reshape(-1, width)
-    run = dict(zip(StepRun._fields, log.T))
-    k = run["steps"].astype(np.int64)
+    log = e.runs
+    k = np.array(log.steps, dtype=np.int64)
     starts = np.cumsum(k) - k
     offset = np.arange(int(k.sum())) - np.repeat(starts, k)     # the step's position in its run
-    dt = np.repeat(run["duration"], k)
-    end = np.repeat(run["start"], k) + (offset + 1) * dt
+    dt = np.repeat(np.array(log.duration), k)
+    end = np.repeat(np.array(log.start), k) + (offset + 1) * dt
     prefill, decode, kv_tokens, blocks, pattern = (
-        np.repeat(run[name].astype(np.int64), k)
+        np.repeat(np.array(getattr(log, name), dtype=np.int64), k)
         for name in ("prefill_tokens", "decode_seqs", "kv_tokens", "kv_blocks", "pattern"))
     kv_tokens += offset * decode
     if e.patterns:

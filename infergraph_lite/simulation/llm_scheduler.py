@@ -24,7 +24,7 @@ from collections.abc import Callable
 from infergraph_lite.simulation.llm_blocks import BlockManager, PrefixCachingBlockManager
 from infergraph_lite.simulation.llm_sequence import Sequence
 from infergraph_lite.simulation.llm_slots import LlamaCppSlots
-from infergraph_lite.simulation.llm_step import Step, StepRun
+from infergraph_lite.simulation.llm_step import Step, StepLog
 
 __all__ = ["LLMEngine", "schedule_step"]
 
@@ -101,7 +101,7 @@ class LLMEngine:
 
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
-    >>> [s.first_token for s in e.seqs], [s.finish_time for s in e.seqs], sum(run.steps for run in e.runs)
+    >>> [s.first_token for s in e.seqs], [s.finish_time for s in e.seqs], sum(e.runs.steps)
     ([1.0, 1.0], [3.0, 1.0], 3)
     """
 
@@ -142,7 +142,7 @@ class LLMEngine:
         self.seg_from: list[int] = []          # its first and last decode step
         self.seg_to: list[int] = []
         # The step log, in runs of identical steps; a run of decode steps refers to its block-need pattern.
-        self.runs: list[StepRun] = []
+        self.runs = StepLog()
         self.patterns: dict[tuple[int, ...], int] = {}
 
     # -- read by tests and notebooks -----------------------------------------------------------------------
@@ -281,8 +281,7 @@ class LLMEngine:
                 dt += self.wake                 # the step wakes an idle engine
                 self.wakes += 1
             idle_since = math.inf
-            self.runs.append(StepRun(self.decodes, now, dt, 1, prefill, decode, self.kv_tokens,
-                                     self.blocks.num_used, -1))
+            self.runs.append(self.decodes, now, dt, 1, prefill, decode, self.kv_tokens, self.blocks.num_used, -1)
             now += dt
             self.now = now
             if decode:
@@ -346,7 +345,7 @@ class LLMEngine:
             needs = self.blocks.append_run(first, k)
             first_blocks += needs[0]
             pattern = self.patterns.setdefault(needs, len(self.patterns))
-        self.runs.append(StepRun(first, now, dt, k, 0, n_dec, self.kv_tokens + n_dec, first_blocks, pattern))
+        self.runs.append(first, now, dt, k, 0, n_dec, self.kv_tokens + n_dec, first_blocks, pattern)
         self.kv_tokens += k * n_dec
         now = self.now = now + k * dt
         self.decodes += k
@@ -357,8 +356,9 @@ class LLMEngine:
 
     def decode_time(self, d: int) -> float:
         """When decode step ``d`` (counted from 0) ended."""
-        run = self.runs[bisect.bisect_right(self.runs, d, key=lambda run: run.first_decode) - 1]
-        return run.start + (d - run.first_decode + 1) * run.duration
+        log = self.runs
+        i = bisect.bisect_right(log.first_decode, d) - 1
+        return log.start[i] + (d - log.first_decode[i] + 1) * log.duration[i]
 
     def _decoding_state(self, seq: Sequence) -> tuple[int, int]:
         # (generated, computed) of a decoding sequence now: one more of each per decode step since it started.
