@@ -4,7 +4,8 @@ An LLM request is not one call but a loop: a prefill step over its prompt emits 
 one decode step per further token.  The engine schedules per *step*: at every step boundary finished sequences
 leave and waiting requests join, bounded by ``max_num_seqs``, a per-step token budget and the KV cache.  The
 policy is :func:`~infergraph_lite.simulation.llm_scheduler.schedule_step`; this module checks the arguments,
-runs :class:`~infergraph_lite.simulation.llm_scheduler.LLMEngine` and summarises what it recorded.
+runs :class:`~infergraph_lite.simulation.llm_scheduler.LLMEngine` and summarises what it recorded (its step log,
+:class:`~infergraph_lite.simulation.llm_step.StepLog`, and its sequences).
 
 Knob names beside ours: vLLM ``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
 ``enable_chunked_prefill``; llama.cpp ``--parallel`` (slots), ``--ctx-size`` (the cache, shared by the slots),
@@ -18,17 +19,20 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from operator import attrgetter
 
 import numpy as np
 
 from infergraph_lite.core.arguments import check_count, check_fraction, check_non_negative_int, check_number
 from infergraph_lite.core.llm_metrics import LLMMetrics
 from infergraph_lite.core.metrics import LatencySummary, latency_percentile
+from infergraph_lite.simulation.llm_blocks import block_keys
 from infergraph_lite.simulation.llm_scheduler import LLMEngine
+from infergraph_lite.simulation.step_time import StepTime, step_costs
 
 __all__ = ["LLMResult", "simulate_llm"]
 
-StepTime = float | Callable[[int, int, int], float]
+StepTimeArg = float | StepTime
 Lengths = int | Sequence[int] | np.ndarray
 
 
@@ -64,7 +68,8 @@ class LLMResult(LatencySummary):
     request_throughput: float   # requests finished per second over the measured window
     makespan: float             # first arrival to last finish
     preemptions: int            # sequences preempted (cache dropped, recomputed later)
-    kv_utilization: float       # time-averaged fraction of allocated KV slots holding real tokens
+    kv_utilization: float       # time-averaged fraction of allocated KV slots holding real tokens (with prefix
+                                # caching, a shared block's tokens count once per sequence: may pass 1)
     kv_occupancy: float         # time-averaged fraction of the KV cache allocated (NaN: unlimited cache)
     warmup: int                 # requests left out of the summaries
     steps_end: np.ndarray
@@ -81,6 +86,8 @@ class LLMResult(LatencySummary):
     # Each run of a request's tokens at consecutive steps: (request, its first token's time, its first and last
     # decode step); the tokens after the first come at the ends of those decode steps.  See token_times.
     token_runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+    prompt_tokens: np.ndarray | None = None   # each request's prompt length
+    cached_tokens: np.ndarray | None = None   # prompt tokens its first prefill found in the prefix cache (0: none)
 
     @property
     def e2e(self) -> np.ndarray:
@@ -188,6 +195,14 @@ class LLMResult(LatencySummary):
                                            percentiles=percentiles)
 
     @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache over prompt tokens, of the measured requests (after the
+        warm-up); each request counted at its first admission, as vLLM's usage reports ``cached_tokens``."""
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            raise ValueError("this result records no prompt or cached tokens")
+        return float(self.cached_tokens[self.warmup:].sum() / self.prompt_tokens[self.warmup:].sum())
+
+    @property
     def steps(self) -> int:
         return len(self.steps_end)
 
@@ -195,9 +210,9 @@ class LLMResult(LatencySummary):
 def simulate_llm(
     *,
     n_requests: int,
-    prompt_tokens: Lengths,
+    prompt_tokens: Lengths | None = None,
     output_tokens: Lengths,
-    step_time: StepTime,
+    step_time: StepTimeArg,
     max_num_seqs: int,
     arrival_rate: float | None = None,
     arrivals: Sequence[float] | np.ndarray | None = None,
@@ -218,6 +233,8 @@ def simulate_llm(
     slot_placement: str | None = None,
     slot_prompt_similarity: float | None = None,
     slot_prompts: Sequence[int] | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
+    prefix_caching: bool = False,
 ) -> LLMResult:
     """Simulate an LLM engine serving ``n_requests`` requests, step by step.
 
@@ -242,11 +259,33 @@ def simulate_llm(
     prompt + ``max_tokens`` (default: the longest ``output_tokens``) for a request when it is admitted, as
     systems before paged attention did.  The first ``warmup`` fraction of requests is left out of summaries.
 
+    Prefix caching (vLLM's automatic prefix caching): ``prompts`` gives each request's token ids (its length is
+    the prompt length; ``prompt_tokens`` may then be left out) and ``prefix_caching=True`` turns the cache on
+    (``kv_allocation="paged"`` only).  Each time a request's prefill is scheduled from its start (on admission,
+    and again after a preemption) it reuses the longest run of its leading full blocks found in the cache, at
+    most ``(prompt - 1) // block_size`` of them (one token is always computed); a full block is known by its token
+    ids and its parent block's, a reused block is shared and counts once toward ``kv_cache_tokens``, and a block
+    whose sequences have left stays cached until an allocation takes it (never-used blocks first, then the free
+    queue's head; a sequence's blocks join the queue last block first).  ``step_time`` is called with the prompt
+    tokens a step computes, cached ones excluded; ``result.cached_tokens`` holds each request's reused tokens at
+    its first admission and ``result.prefix_hit_rate`` their share of the prompt tokens (see
+    :class:`~infergraph_lite.simulation.llm_blocks.PrefixCachingBlockManager`).  Two requests with one 40-token
+    system prompt, in blocks of 16, the second after the first: it reuses 2 full blocks, and its prefill step
+    computes the other 10 tokens:
+
+    >>> from infergraph_lite.simulation.prefix_workloads import shared_prefix_prompts
+    >>> prompts = shared_prefix_prompts(2, system_tokens=40, question_tokens=10)
+    >>> r = simulate_llm(n_requests=2, prompts=prompts, output_tokens=2, step_time=0.01, max_num_seqs=4,
+    ...                  arrivals=[0.0, 1.0], prefix_caching=True)
+    >>> r.cached_tokens, r.steps_prefill_tokens.tolist(), r.prefix_hit_rate
+    (array([ 0, 32]), [50, 0, 18, 0], 0.32)
+
     A real server spends time on a request outside its engine's steps: receiving and parsing it, tokenizing,
     setting up its slot, streaming the answer back.  ``request_overhead`` is the seconds from a request's
     arrival to the first step that may schedule it (it overlaps with any wait for a slot, and delays no other
     request's step); ``response_overhead`` is added after its last token (the end of the stream).  None (the
-    default) takes each from ``step_time``'s attribute of that name if it has one — a
+    default) takes each from ``step_time``'s attribute of that name if it has one (the attributes of
+    :class:`~infergraph_lite.simulation.step_time.ServerStepTime`) — a
     :class:`~infergraph_lite.frameworks.llamacpp.profile.StepTimeModel` fitted to a server carries what it
     measured — else 0.
 
@@ -265,7 +304,7 @@ def simulate_llm(
     length each slot holds at the start (0: empty; default all empty, a fresh server).  Then ``step_time`` is
     called with a fourth argument, ``extra_batches``: the step's micro-batches beyond the first (a
     :class:`~infergraph_lite.frameworks.llamacpp.profile.StepTimeModel` takes it), and ``result.slot`` says where
-    each request ran (see :meth:`~infergraph_lite.simulation.llm_scheduler.LLMEngine.choose_slot`).  Three lone
+    each request ran (see :meth:`~infergraph_lite.simulation.llm_slots.LlamaCppSlots.choose_slot`).  Three lone
     requests on a fresh 4-slot server go round the never-used slots, highest first (llama.cpp's tie-break); with
     prompts of one text, each finds the slot that holds the last one:
 
@@ -305,10 +344,15 @@ def simulate_llm(
     (array([0.013, 0.01 , 0.013]), array([0.043, 0.04 , 0.043]), 2)
     """
     n = check_count("n_requests", n_requests)
-    prompt = _lengths("prompt_tokens", prompt_tokens, n)
+    block_size = check_count("block_size", block_size)
+    prompt, keys = _prompts(prompts, prompt_tokens, prefix_caching, n, block_size)
+    if prefix_caching and kv_allocation != "paged":
+        raise ValueError("prefix_caching needs kv_allocation='paged': cached blocks are shared paged blocks")
+    if prefix_caching and slot_placement is not None:
+        raise ValueError("prefix_caching and slot_placement: llama.cpp's slots keep one prompt each, not a shared "
+                         "block pool; simulate one or the other")
     output = _lengths("output_tokens", output_tokens, n)
     max_num_seqs = check_count("max_num_seqs", max_num_seqs)
-    block_size = check_count("block_size", block_size)
     if scheduling not in ("continuous", "static"):
         raise ValueError(f"scheduling must be 'continuous' or 'static', got {scheduling!r}")
     if kv_allocation not in ("paged", "reserve_max"):
@@ -321,9 +365,9 @@ def simulate_llm(
     times = _arrivals(arrival_rate, arrivals, n, seed)
     similarity, cached = _placement(slot_placement, slot_prompt_similarity, slot_prompts, max_num_seqs)
     step = _step_time(step_time, placed=slot_placement is not None)
-    before = _overhead("request_overhead", request_overhead, step_time)
-    after = _overhead("response_overhead", response_overhead, step_time)
-    wake_s, idle_s = _wake(wake, idle_after, step_time)
+    costs = step_costs(step_time, request_overhead=request_overhead, response_overhead=response_overhead,
+                       wake=wake, idle_after=idle_after)
+    before, after, wake_s, idle_s = costs.request_overhead, costs.response_overhead, costs.wake, costs.idle_after
 
     # The most a request ever holds in the cache: prompt + output - 1 (its last token is never fed back).
     footprint = prompt + output - 1
@@ -364,11 +408,13 @@ def simulate_llm(
                        reserve=None if reserve is None else reserve.tolist(), chunked_prefill=bool(chunked_prefill),
                        prefill_first=bool(prefill_first), static=scheduling == "static", wake=wake_s,
                        idle_after=idle_s, placement=slot_placement, slot_prompt_similarity=similarity,
-                       slot_prompts=cached)
+                       slot_prompts=cached, prefix_keys=keys)
     engine.run(step, None if callable(step_time) else float(step_time))
     return replace(_result(engine, times, num_blocks, block_size, int(warmup * n), before, after),
                    wake=wake_s, idle_after=idle_s, wakes=engine.wakes,
-                   slot=None if slot_placement is None else np.array(engine.slot))
+                   slot=None if slot_placement is None else np.array([s.slot for s in engine.seqs]),
+                   prompt_tokens=prompt,
+                   cached_tokens=np.maximum(np.array(list(map(attrgetter("cached"), engine.seqs))), 0))
 
 
 def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
@@ -383,6 +429,39 @@ def _lengths(name: str, value: Lengths, n: int) -> np.ndarray:
         bad = array if array.dtype.kind not in "iuf" else array[~(array >= 1)][:1]
         raise ValueError(f"{name} must be whole numbers >= 1, got {bad!r}")
     return array.astype(np.int64)
+
+
+def _prompts(prompts: Sequence[Sequence[int]] | None, prompt_tokens: Lengths | None, prefix_caching: bool,
+             n: int, block_size: int) -> tuple[np.ndarray, list[list[int]] | None]:
+    # The prompt lengths, and with prefix caching each prompt's full-block keys; bad input named before any run.
+    if not isinstance(prefix_caching, (bool, np.bool_)):
+        raise ValueError(f"prefix_caching must be True or False, got {prefix_caching!r}")
+    if prompts is None:
+        if prefix_caching:
+            raise ValueError("prefix_caching needs prompts=: one sequence of token ids per request (the cache "
+                             "matches token ids, not lengths)")
+        if prompt_tokens is None:
+            raise ValueError("prompt_tokens (or prompts) is required: one length per request, or an int")
+        return _lengths("prompt_tokens", prompt_tokens, n), None
+    if isinstance(prompts, (str, bytes)) or len(prompts) != n:
+        raise ValueError(f"prompts must hold one sequence of token ids per request ({n}), got {type(prompts).__name__}"
+                         f" of length {len(prompts)}")
+    ids = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                  for t in p):
+            raise ValueError(f"prompts[{i}] must be a sequence of integer token ids, got {str(p)[:60]!r}")
+        if len(p) < 1:
+            raise ValueError(f"prompts[{i}] is empty: a prompt needs at least one token id")
+        ids.append([int(t) for t in p])
+    lengths = np.array([len(p) for p in ids], dtype=np.int64)
+    if prompt_tokens is not None:
+        given = _lengths("prompt_tokens", prompt_tokens, n)
+        if not np.array_equal(given, lengths):
+            i = int(np.flatnonzero(given != lengths)[0])
+            raise ValueError(f"prompts and prompt_tokens disagree: prompts[{i}] has {lengths[i]} token ids, "
+                             f"prompt_tokens says {given[i]} (give prompts alone: its lengths are the prompt lengths)")
+    return lengths, block_keys(ids, block_size) if prefix_caching else None
 
 
 def _arrivals(arrival_rate: float | None, arrivals: Sequence[float] | np.ndarray | None, n: int,
@@ -400,30 +479,7 @@ def _arrivals(arrival_rate: float | None, arrivals: Sequence[float] | np.ndarray
     return np.random.default_rng(seed).exponential(1.0 / rate, n).cumsum()
 
 
-def _overhead(name: str, value: float | None, step_time: StepTime) -> float:
-    if value is None:
-        value = getattr(step_time, name, 0.0)
-        if value is None:
-            return 0.0
-        name = f"step_time.{name}"
-    return check_number(name, value, positive=False)
-
-
-def _wake(wake: float | None, idle_after: float | None, step_time: StepTime) -> tuple[float, float]:
-    # The wake-up cost and the idle time that makes a step pay it: arguments, else step_time's attributes.
-    seconds = _overhead("wake", wake, step_time)
-    if idle_after is not None:
-        return seconds, check_number("idle_after", idle_after)
-    if not seconds:
-        return 0.0, math.inf
-    idle_after = getattr(step_time, "idle_after", None)
-    if idle_after is None:
-        raise ValueError("idle_after: a wake cost needs the idle time (seconds > 0) after which a step pays it, "
-                         "given as idle_after= or as step_time.idle_after")
-    return seconds, check_number("step_time.idle_after", idle_after)
-
-
-def _step_time(step_time: StepTime, placed: bool = False) -> Callable[..., float]:
+def _step_time(step_time: StepTimeArg, placed: bool = False) -> Callable[..., float]:
     # Fail before anything runs if step_time cannot be called as documented (with slots placed: four arguments).
     if callable(step_time):
         args = (1, 1, 2, 1) if placed else (1, 0, 1)
@@ -467,12 +523,12 @@ def _placement(placement: str | None, similarity: float | None, slot_prompts: Se
 
 def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int, skip: int,
             request_overhead: float, response_overhead: float) -> LLMResult:
-    first = np.array(e.first_token)
-    finish = np.array(e.finish_time) + response_overhead
-    generated = np.array(e.generated)
+    seqs = _sequences(e)
+    first, generated = seqs["first_token"], seqs["generated"]
+    finish = seqs["finish_time"] + response_overhead
     end, dt, prefill, decode, kv_tokens, kv_blocks = _steps(e)
-    runs = _token_runs(e)
-    max_itl = _max_token_gaps(e, end[decode > 0], runs)
+    runs = _token_runs(e, seqs)
+    max_itl = _max_token_gaps(seqs["max_gap"], end[decode > 0], runs)
     slots_time = float(np.sum(dt * kv_blocks)) * block_size
     makespan = float(finish.max() - times.min())
     window = float(finish[skip:].max() - times[skip])
@@ -492,13 +548,15 @@ def _result(e: LLMEngine, times: np.ndarray, num_blocks: float, block_size: int,
 def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
     # The engine's runs of identical steps, one entry per step: end, duration, prefill tokens, decoding
     # sequences, KV tokens held and blocks allocated.
-    runs = np.array(e.runs, dtype=float).reshape(-1, 9)   # ints held exactly: all far below 2**53
-    k = runs[:, 3].astype(np.int64)
+    log = e.runs
+    k = np.array(log.steps, dtype=np.int64)
     starts = np.cumsum(k) - k
     offset = np.arange(int(k.sum())) - np.repeat(starts, k)     # the step's position in its run
-    dt = np.repeat(runs[:, 2], k)
-    end = np.repeat(runs[:, 1], k) + (offset + 1) * dt
-    prefill, decode, kv_tokens, blocks, pattern = (np.repeat(runs[:, c].astype(np.int64), k) for c in range(4, 9))
+    dt = np.repeat(np.array(log.duration), k)
+    end = np.repeat(np.array(log.start), k) + (offset + 1) * dt
+    prefill, decode, kv_tokens, blocks, pattern = (
+        np.repeat(np.array(getattr(log, name), dtype=np.int64), k)
+        for name in ("prefill_tokens", "decode_seqs", "kv_tokens", "kv_blocks", "pattern"))
     kv_tokens += offset * decode
     if e.patterns:
         # In a run of decodes, step m allocates needs[m % block_size] blocks; add them up within each run.
@@ -511,25 +569,31 @@ def _steps(e: LLMEngine) -> tuple[np.ndarray, ...]:
     return end, dt, prefill, decode, kv_tokens, blocks
 
 
-def _token_runs(e: LLMEngine) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _sequences(e: LLMEngine) -> dict[str, np.ndarray]:
+    # The sequences' final state, one array per field (attrgetter: the fastest way to read a field of each).
+    names = ("first_token", "finish_time", "generated", "output", "version", "decode_start", "max_gap")
+    return {name: np.array(list(map(attrgetter(name), e.seqs))) for name in names}
+
+
+def _token_runs(e: LLMEngine, seqs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     # Each segment (run of a request's tokens): its request, a token at `first` (a prefill's end), then one at
     # each decode step lo..hi (none if hi < lo).  A request never preempted while decoding has one segment: first
     # token, then decode steps from its decode start to its last token; the engine records only the others'.
-    output = np.array(e.output, dtype=np.int64)
-    single = np.flatnonzero(np.array(e.version) == 0)
-    start = np.array(e.decode_start, dtype=np.int64)[single]
+    output = seqs["output"].astype(np.int64)
+    single = np.flatnonzero(seqs["version"] == 0)
+    start = seqs["decode_start"].astype(np.int64)[single]
     start[output[single] == 1] = 0                 # a one-token answer: no decode step (hi = lo - 1)
     req = np.concatenate([single, np.array(e.seg_request, dtype=np.int64)])
-    first = np.concatenate([np.array(e.first_token)[single], e.seg_first])
+    first = np.concatenate([seqs["first_token"][single], e.seg_first])
     lo = np.concatenate([start, np.array(e.seg_from, dtype=np.int64)])
     hi = np.concatenate([start + output[single] - 2, np.array(e.seg_to, dtype=np.int64)])
     return req, first, lo, hi
 
 
-def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray,
+def _max_token_gaps(max_gap: np.ndarray, decode_end: np.ndarray,
                     runs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
     # Each segment's longest gap is max(decode_end[lo] - first, the longest decode-step-to-decode-step gap in
-    # lo+1..hi); a request's is the longest of its segments' and of the gaps between them (e.max_gap).
+    # lo+1..hi); a request's is the longest of its segments' and of the gaps between them (max_gap).
     gaps = np.diff(decode_end)                     # gaps[k] = decode_end[k + 1] - decode_end[k]
     req, first, lo, hi = runs
     has = hi >= lo
@@ -538,7 +602,7 @@ def _max_token_gaps(e: LLMEngine, decode_end: np.ndarray,
     inner = hi > lo                                # gaps[lo .. hi-1]
     if inner.any():
         seg_max[inner] = np.maximum(seg_max[inner], _range_max(gaps, lo[inner], hi[inner]))
-    result = np.array(e.max_gap)
+    result = max_gap.copy()
     ok = ~np.isnan(seg_max)
     np.fmax.at(result, req[ok], seg_max[ok])
     return result

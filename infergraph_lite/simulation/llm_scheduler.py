@@ -1,14 +1,11 @@
-"""An LLM engine's scheduler, one step (iteration) at a time, and the state it decides on (notebook 08).
+"""An LLM engine's scheduler, one step (iteration) at a time, and the engine that runs it (notebook 08).
 
-:func:`schedule_step` is the whole policy, readable on one screen: which sequences a step processes and how
-many tokens each.  :class:`LLMEngine` holds the state it reads and changes — waiting and running requests,
-the KV cache's free blocks — and runs steps until every request has its tokens.
-
-A sequence's state follows vLLM V1: ``num_tokens`` (prompt + tokens generated so far) and ``computed`` (tokens
-whose keys and values are in the KV cache).  A step processes ``num_tokens - computed`` tokens of a sequence
-(or a chunk of them); when ``computed`` reaches ``num_tokens`` the step's end emits the next token.  A decoding
-sequence processes one token per step (its last output); a prefill processes its prompt; a sequence preempted
-by recomputation drops its cache and prefills prompt + output so far again, emitting its next token at the end.
+The parts are nano-vllm's: the sequences' state (:class:`~infergraph_lite.simulation.llm_sequence.Sequence`), the
+block manager (:class:`~infergraph_lite.simulation.llm_blocks.BlockManager`), the scheduler
+(:func:`schedule_step`, the whole policy on one screen: it returns a :class:`~infergraph_lite.simulation.
+llm_step.Step`), the step log (:class:`~infergraph_lite.simulation.llm_step.StepRun`), and, optionally, llama.cpp's
+slot placement (:class:`~infergraph_lite.simulation.llm_slots.LlamaCppSlots`).  :class:`LLMEngine` holds the
+waiting and running requests and runs steps until every request has its tokens.
 
 Speed comes from how the engine does its bookkeeping, not from the policy: a decoding sequence's state is not
 touched every step.  It is kept as of the step it started decoding, and the engine counts decode steps; its
@@ -24,11 +21,17 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from infergraph_lite.simulation.llm_blocks import BlockManager, PrefixCachingBlockManager
+from infergraph_lite.simulation.llm_sequence import Sequence
+from infergraph_lite.simulation.llm_slots import LlamaCppSlots
+from infergraph_lite.simulation.llm_step import Step, StepLog
+
 __all__ = ["LLMEngine", "schedule_step"]
 
 
-def schedule_step(e: LLMEngine) -> None:
-    """Decide one engine step: fill ``e.chunks`` with (request, prefill tokens) and set ``e.decode_step``.
+def schedule_step(e: LLMEngine) -> Step:
+    """Decide one engine step: which sequences prefill how many tokens, whether the decoding ones decode, and
+    which were preempted for it.
 
     The default is vLLM V1's (and Sarathi-Serve's) order: running sequences first — every decoding sequence
     takes one token of the budget — then partly prefilled sequences continue, then waiting requests join
@@ -38,45 +41,43 @@ def schedule_step(e: LLMEngine) -> None:
     vLLM does.  ``prefill_first`` is vLLM V0's order: a step admits whole new prompts if it can, and then
     nothing decodes.  ``static`` is request-level batching: a batch forms only when the last one has left.
     """
-    e.chunks.clear()
-    e.decode_step = False
+    step, blocks = Step([], False, []), e.blocks
+    e.step = step
     budget = e.max_num_batched_tokens
-    preempted = False
     if e.static:
         if not e.running:
             e.admit_batch()                    # the batch: up to max_num_seqs waiting requests that fit the cache
-    elif e.prefill_first and e.admit(budget, whole=True):
-        return                                 # vLLM V0: a step of new prompts; running sequences wait
+    elif e.prefill_first and e.admit(step, budget, whole=True):
+        return step                            # vLLM V0: a step of new prompts; running sequences wait
     # 1. Decodes: one token per decoding sequence, and a new KV block for each that has filled its last one.
-    while e.decode_blocks_needed() > e.free_blocks:
+    while not blocks.can_append(e.decodes):
         e.preempt(e.newest())
-        preempted = True
     if e.n_decoding:
-        e.decode_step = True
-        e.allocate_decode_blocks()
+        step.decode = True
+        blocks.append(e.decodes)
         budget -= e.n_decoding
     # 2. Running sequences still prefilling continue with a chunk of what is left of the budget.
     k = 0
     while k < len(e.prefilling) and budget > 0:
-        i = e.prefilling[k]
-        n = e.num_tokens[i] - e.computed[i]
+        seq = e.seqs[e.prefilling[k]]
+        n = seq.num_tokens - seq.computed
         if n > budget:
             if not e.chunked_prefill:
                 break                          # a whole prefill waits for a step with room for it
             n = int(budget)
-        while not e.allocate(i, n):            # short of blocks: preempt the newest running sequence
+        while not blocks.allocate(seq, n):     # short of blocks: preempt the newest running sequence
             victim = e.newest()
             e.preempt(victim)
-            preempted = True
-            if victim == i:
+            if victim == seq.index:
                 break
-        if i in e.running:
-            e.chunks.append((i, n))
+        if seq.index in e.running:
+            step.prefill.append((seq.index, n))
             budget -= n
             k += 1
     # 3. Waiting requests join, FCFS, unless this step had to preempt (vLLM V1 admits nothing then).
-    if not (e.static or e.prefill_first or preempted):
-        e.admit(budget, whole=not e.chunked_prefill)
+    if not (e.static or e.prefill_first or step.preempted):
+        e.admit(step, budget, whole=not e.chunked_prefill)
+    return step
 
 
 class LLMEngine:
@@ -92,19 +93,15 @@ class LLMEngine:
     first step of all: the cost of waking an idle server (see :class:`~infergraph_lite.frameworks.llamacpp.profile.
     StepTimeModel`); ``wakes`` counts the steps that paid it.
 
-    ``placement`` gives the ``max_num_seqs`` sequence slots identities, as llama.cpp's server has them, and chooses
-    one for each request it admits (:meth:`choose_slot`): ``"lru"``, the least recently used idle slot;
-    ``"prefix"``, llama.cpp's rule for prompts that are prefixes of one text (as :func:`~infergraph_lite.frameworks.
-    llamacpp.model.prompt_of` makes them): the idle slot whose cached prompt shares the longest prefix with the new
-    one, if that is over ``slot_prompt_similarity`` of it, else the least recently used.  ``slot_prompts`` is the
-    prompt length each slot holds at the start (0: empty).  With slots placed, ``step_time`` gets a fourth
-    argument, the micro-batches the step runs beyond its first: each run of neighbouring slots that decode is one,
-    and a prefill beside them one more (llama.cpp's per-slot KV cache; see :func:`~infergraph_lite.frameworks.
-    llamacpp.profile.slot_runs`).  ``slot[i]`` is the slot request ``i`` last ran in (-1: none placed).
+    ``placement`` (``"lru"`` or ``"prefix"``) places the sequences in ``max_num_seqs`` slots as llama.cpp's server
+    does (:class:`~infergraph_lite.simulation.llm_slots.LlamaCppSlots`, given ``slot_prompt_similarity`` and
+    ``slot_prompts``); then ``step_time`` gets a fourth argument, the micro-batches the step runs beyond its first.
+    ``prefix_keys`` (each request's :func:`~infergraph_lite.simulation.llm_blocks.block_keys`) turns prefix caching
+    on (:class:`~infergraph_lite.simulation.llm_blocks.PrefixCachingBlockManager`).
 
     >>> e = LLMEngine([4, 4], [3, 1], [0.0, 0.0], max_num_seqs=2)
     >>> e.run(lambda p, d, kv: 1.0)
-    >>> e.first_token, e.finish_time, sum(run[3] for run in e.runs)
+    >>> [s.first_token for s in e.seqs], [s.finish_time for s in e.seqs], sum(e.runs.steps)
     ([1.0, 1.0], [3.0, 1.0], 3)
     """
 
@@ -113,147 +110,81 @@ class LLMEngine:
                  reserve: list[int] | None = None, chunked_prefill: bool = True, prefill_first: bool = False,
                  static: bool = False, wake: float = 0.0, idle_after: float = math.inf,
                  placement: str | None = None, slot_prompt_similarity: float = 0.1,
-                 slot_prompts: list[int] | None = None) -> None:
-        n = len(prompt)
-        self.placement, self.slot_prompt_similarity = placement, slot_prompt_similarity
-        self.slot = [-1] * n                  # the slot each request last ran in (placement only)
-        self.slot_busy = [False] * max_num_seqs
-        self.slot_decoding = [False] * max_num_seqs
-        self.slot_cached = list(slot_prompts) if slot_prompts is not None else [0] * max_num_seqs
-        # When each slot was last released, as (time, slot): llama.cpp releases the slots a step finishes in slot
-        # order, each at its own clock reading, so of two released at one step the lower was released first.
-        self.slot_used: list[tuple[float, int]] = [(-math.inf, 0)] * max_num_seqs     # never released: all tie
-        self.now = 0.0
+                 slot_prompts: list[int] | None = None, prefix_keys: list[list[int]] | None = None) -> None:
+        self.seqs = [Sequence(i, p, o, a, p) for i, (p, o, a) in enumerate(zip(prompt, output, arrival))]
+        self.arrival = arrival
+        self.blocks = (BlockManager(num_blocks, block_size, reserve) if prefix_keys is None
+                       else PrefixCachingBlockManager(num_blocks, block_size, prefix_keys))
+        self.cached_tokens = 0                # prompt tokens prefills found in the prefix cache, re-admissions too
+        self.slots = None if placement is None else LlamaCppSlots(
+            placement, prompt, max_num_seqs=max_num_seqs, slot_prompt_similarity=slot_prompt_similarity,
+            slot_prompts=slot_prompts)
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.block_size = block_size
+        self.chunked_prefill, self.prefill_first, self.static = chunked_prefill, prefill_first, static
         self.wake, self.idle_after = wake, idle_after
         self.wakes = 0                        # steps that paid ``wake`` (they found the engine idle)
-        self.prompt, self.output, self.arrival = prompt, output, arrival
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.block_size, self.reserve = block_size, reserve
-        self.chunked_prefill, self.prefill_first, self.static = chunked_prefill, prefill_first, static
-        self.paged = reserve is None          # blocks allocated as tokens arrive (reserve: all up front)
-        self.free_blocks: float = num_blocks
-        self.allocated_blocks = 0
-        self.num_tokens = list(prompt)    # prompt + generated (decoding sequences: as of their decode start)
-        self.computed = [0] * n           # tokens in the KV cache (decoding sequences: as of their decode start)
-        self.generated = [0] * n          # (decoding sequences: as of their decode start)
-        self.held = [0] * n               # KV blocks held (decoding, paged: follows from computed)
-        self.decode_start = [0] * n       # the decode step a decoding sequence started at
-        self.version = [0] * n            # bumped on preemption: finish-heap entries from before are stale
+        self.now = 0.0
         self.running: dict[int, bool] = {}    # admission order; True while decoding
         self.prefilling: list[int] = []       # running and still prefilling, admission order
         self.waiting: deque[int] = deque()    # arrived, not running; the preempted go back to its front
         self.next_arrival = 0
         self.n_decoding = 0
         self.decodes = 0                      # decode steps so far
-        self.by_phase = [0] * block_size      # decoding sequences by (computed - decode_start) % block_size
         self.finishes: list[tuple[int, int, int]] = []   # (decode step of last token, request, version)
         self.kv_tokens = 0
-        self.chunks: list[tuple[int, int]] = []
-        self.decode_step = False
+        self.step = Step()                    # the step being scheduled or run
         self.preemptions = 0
-        self.first_token = [math.nan] * n
-        self.finish_time = [math.nan] * n
-        # Token-gap bookkeeping: each request's runs of tokens at consecutive decode steps ("segments").
+        self.done = 0
+        # Token-gap bookkeeping: each preempted request's runs of tokens at consecutive decode steps ("segments").
         self.seg_request: list[int] = []
         self.seg_first: list[float] = []       # the time of the segment's first token (a prefill's end)
         self.seg_from: list[int] = []          # its first and last decode step
         self.seg_to: list[int] = []
-        self.open_first = [0.0] * n
-        self.last_token = [math.nan] * n
-        self.max_gap = [math.nan] * n          # longest gap between segments (a preemption's)
-        # The steps, in runs of identical ones: per run (decode steps before it, its start, step duration,
-        # steps, prefill tokens and decoding sequences per step, KV tokens and blocks allocated after its first
-        # step, and for a run of several decode steps the index of its block-need pattern: the blocks step m
-        # of the run allocates are patterns[index][m % block_size]).
-        self.runs: list[tuple[int, float, float, int, int, int, int, int, int]] = []
+        # The step log, in runs of identical steps; a run of decode steps refers to its block-need pattern.
+        self.runs = StepLog()
         self.patterns: dict[tuple[int, ...], int] = {}
 
-    # -- what the policy asks ------------------------------------------------------------------------------
+    # -- read by tests and notebooks -----------------------------------------------------------------------
+    @property
+    def decode_step(self) -> bool:
+        """Whether the step being run decodes."""
+        return self.step.decode
+
+    @property
+    def generated(self) -> list[int]:
+        return [s.generated for s in self.seqs]
+
+    @property
+    def slot(self) -> list[int]:
+        """The slot each request last ran in (-1: none placed)."""
+        return [s.slot for s in self.seqs]
+
+    @property
+    def slot_busy(self) -> list[bool]:
+        return self.slots.slot_busy if self.slots is not None else []
+
+    @property
+    def slot_decoding(self) -> list[bool]:
+        return self.slots.slot_decoding if self.slots is not None else []
+
+    # -- what the scheduler asks and does ------------------------------------------------------------------
     def newest(self) -> int:
         return next(reversed(self.running))
 
-    def choose_slot(self, i: int) -> int:
-        """The idle slot request ``i`` joins in, by llama.cpp's server's rule (``get_available_slot``).
-
-        ``"prefix"``: of the idle slots holding a cached prompt, the one sharing the longest prefix with request
-        ``i``'s (prompts of one text share ``min`` of their lengths), if that is over ``slot_prompt_similarity`` of
-        the new prompt; ties go to the lowest-numbered.  Otherwise (and always for ``"lru"``) the least recently
-        released (of slots released at the same step, the lowest-numbered: llama.cpp releases them in slot order);
-        among slots never released, the highest-numbered, as llama.cpp's ``t_last_used <= t_last`` comparison picks.
-        A ``slot_prompt_similarity`` of 0 turns the prefix search off, as in llama.cpp.
-        """
-        idle = [s for s, busy in enumerate(self.slot_busy) if not busy]
-        if self.placement == "prefix" and self.slot_prompt_similarity:
-            length, best, pick = self.prompt[i], 0.0, -1
-            for s in idle:
-                similarity = min(length, self.slot_cached[s]) / length
-                if similarity > best and similarity > self.slot_prompt_similarity:
-                    best, pick = similarity, s
-            if pick >= 0:
-                return pick
-        pick = idle[0]
-        for s in idle[1:]:
-            if self.slot_used[s] <= self.slot_used[pick]:
-                pick = s
-        return pick
-
-    def extra_batches(self, prefill: int) -> int:
-        """Micro-batches beyond the first this step runs: one per run of neighbouring decoding slots, one more for
-        a prefill beside them (llama.cpp's per-slot cache; :func:`~infergraph_lite.frameworks.llamacpp.profile.
-        slot_runs`)."""
-        decoding, runs = self.slot_decoding, 0
-        if self.decode_step:
-            runs = sum(1 for s, d in enumerate(decoding) if d and (s == 0 or not decoding[s - 1]))
-        return max(0, runs + (1 if prefill else 0) - 1)
-
-    def _take_slot(self, i: int) -> None:
-        if self.placement is not None:
-            s = self.slot[i] = self.choose_slot(i)
-            self.slot_busy[s] = True
-
-    def _free_slot(self, i: int, cached: int, now: float) -> None:
-        if self.placement is not None:
-            s = self.slot[i]
-            self.slot_busy[s] = self.slot_decoding[s] = False
-            self.slot_cached[s] = cached
-            self.slot_used[s] = (now, s)
-
-    def decode_blocks_needed(self) -> int:
-        # A decoding sequence writes one token a step; it needs a block when its cache is a whole number of blocks.
-        return self.by_phase[-self.decodes % self.block_size] if self.paged else 0
-
-    def allocate_decode_blocks(self) -> None:
-        need = self.decode_blocks_needed()
-        self.free_blocks -= need
-        self.allocated_blocks += need
-
-    def allocate(self, i: int, n: int) -> bool:
-        """Give request ``i`` the blocks for ``n`` more tokens (or its reservation); False if the cache is short."""
-        want = self.reserve[i] if self.reserve is not None else -(-(self.computed[i] + n) // self.block_size)
-        need = want - self.held[i]
-        if need > self.free_blocks:
-            return False
-        if need > 0:
-            self.free_blocks -= need
-            self.allocated_blocks += need
-            self.held[i] = want
-        return True
-
-    def admit(self, budget: float, whole: bool) -> int:
+    def admit(self, step: Step, budget: float, whole: bool) -> int:
         """Waiting requests join FCFS while a slot, budget and blocks allow; a prefill is chunked unless ``whole``."""
         admitted = 0
         while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            i = self.waiting[0]
-            n = self.num_tokens[i]
+            seq = self.seqs[self.waiting[0]]
+            hits = self.blocks.lookup(seq)     # a prefill from the start reuses the cached leading blocks
+            n = seq.num_tokens - len(hits) * self.block_size
             if not whole:
                 n = int(min(n, budget))
-            if n > budget or not self.allocate(i, n):
+            if n > budget or not self.blocks.allocate(seq, n, hits):
                 break
-            self.waiting.popleft()
-            self.running[i] = False
-            self._take_slot(i)
-            self.prefilling.append(i)
-            self.chunks.append((i, n))
+            self._join(seq, len(hits) * self.block_size)
+            step.prefill.append((seq.index, n))
             budget -= n
             admitted += 1
         return admitted
@@ -261,40 +192,52 @@ class LLMEngine:
     def admit_batch(self) -> None:
         # Static batching: whole prompts (or reservations) allocated up front; chunks are scheduled as running.
         while self.waiting and len(self.running) < self.max_num_seqs:
-            i = self.waiting[0]
-            if not self.allocate(i, self.num_tokens[i]):
+            seq = self.seqs[self.waiting[0]]
+            hits = self.blocks.lookup(seq)
+            if not self.blocks.allocate(seq, seq.num_tokens - len(hits) * self.block_size, hits):
                 break
-            self.waiting.popleft()
-            self.running[i] = False
-            self._take_slot(i)
-            self.prefilling.append(i)
+            self._join(seq, len(hits) * self.block_size)
+
+    def _join(self, seq: Sequence, cached: int) -> None:
+        # The first waiting request starts running, ``cached`` of its tokens found in the prefix cache.
+        self.waiting.popleft()
+        if seq.cached < 0:
+            seq.cached = cached                # what its first admission reused (vLLM's usage reports that)
+        if cached:
+            self.kv_tokens += cached           # the reused tokens are in its cache from now on
+            self.cached_tokens += cached
+        self.running[seq.index] = False
+        if self.slots is not None:
+            seq.slot = self.slots.take(seq.index)
+        self.prefilling.append(seq.index)
 
     def preempt(self, i: int) -> None:
         """Drop request ``i``'s cache (to recompute it later) and put it back at the front of the queue."""
+        seq, blocks = self.seqs[i], self.blocks
         if self.running.pop(i):
-            gen, comp = self._decoding_state(i)
-            held = self.reserve[i] if self.reserve is not None else -(-comp // self.block_size)
-            if self.decode_step and self.paged and comp % self.block_size == 0:
+            gen, comp = self._decoding_state(seq)
+            held = blocks.held_by(seq, comp)
+            if self.step.decode and blocks.paged and comp % self.block_size == 0:
                 held += 1                      # the block this step allocated for it
-            self.by_phase[(self.computed[i] - self.decode_start[i]) % self.block_size] -= 1
+            blocks.stop_decoding(seq)
             self.n_decoding -= 1
-            self.version[i] += 1
-            self._close_segment(i, self.decode_start[i], self.decodes - 1)
+            seq.version += 1
+            self._close_segment(seq, seq.decode_start, self.decodes - 1)
             last = self.decodes - 1
-            self.last_token[i] = self.decode_time(last) if last >= self.decode_start[i] else self.open_first[i]
-            self.generated[i] = gen
-            self.num_tokens[i] = self.prompt[i] + gen
+            seq.last_token = self.decode_time(last) if last >= seq.decode_start else seq.open_first
+            seq.generated = gen
+            seq.num_tokens = seq.prompt + gen
         else:
             self.prefilling.remove(i)
-            held, comp = self.held[i], self.computed[i]
-        self.free_blocks += held
-        self.allocated_blocks -= held
+            held, comp = seq.held, seq.computed
+        blocks.free(seq, held)
         self.kv_tokens -= comp
-        self.computed[i] = 0
-        self.held[i] = 0
-        self._free_slot(i, 0, self.now)        # its cache is dropped
+        seq.computed = 0
+        if self.slots is not None:
+            self.slots.release(seq.slot, 0, self.now)      # its cache is dropped
         self.waiting.appendleft(i)
         self.preemptions += 1
+        self.step.preempted.append(i)
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self, step_time: Callable[..., float], constant: float | None = None) -> None:
@@ -303,8 +246,7 @@ class LLMEngine:
         With a constant step time, a stretch of steps in which only decoding happens — nobody can join, nobody
         finishes before its last step, no block runs short — is taken in one move (:meth:`_steady_steps`).
         """
-        n, arrival, now = len(self.prompt), self.arrival, 0.0
-        self.done = 0
+        n, arrival, now = len(self.seqs), self.arrival, 0.0
         idle_since = -math.inf          # when the engine last ran out of work (inf: it has work)
         while self.done < n:
             if not self.running and not self.waiting:
@@ -319,18 +261,18 @@ class LLMEngine:
                     now = self._decode_run(now, constant, k)
                     continue
             self.now = now
-            schedule_step(self)
-            decode = self.n_decoding if self.decode_step else 0
+            step = schedule_step(self)
+            decode = self.n_decoding if step.decode else 0
             prefill = 0
-            for _, c in self.chunks:
+            for _, c in step.prefill:
                 prefill += c
             if not (decode or prefill):
                 raise RuntimeError("the scheduler chose an empty step: no request can make progress")
             self.kv_tokens += prefill + decode
             if constant is not None:
                 dt = constant
-            elif self.placement is not None:     # the micro-batches the placed slots make
-                dt = step_time(prefill, decode, self.kv_tokens, self.extra_batches(prefill))
+            elif self.slots is not None:     # the micro-batches the placed slots make
+                dt = step_time(prefill, decode, self.kv_tokens, self.slots.extra_batches(step.decode, prefill))
             else:
                 dt = step_time(prefill, decode, self.kv_tokens)
             if not 0 < dt < math.inf:
@@ -339,7 +281,7 @@ class LLMEngine:
                 dt += self.wake                 # the step wakes an idle engine
                 self.wakes += 1
             idle_since = math.inf
-            self.runs.append((self.decodes, now, dt, 1, prefill, decode, self.kv_tokens, self.allocated_blocks, -1))
+            self.runs.append(self.decodes, now, dt, 1, prefill, decode, self.kv_tokens, self.blocks.num_used, -1)
             now += dt
             self.now = now
             if decode:
@@ -347,10 +289,12 @@ class LLMEngine:
                 finishes = self.finishes
                 while finishes and finishes[0][0] < self.decodes:
                     self._finish_decoding(heapq.heappop(finishes), now)
-            for i, c in self.chunks:
-                self.computed[i] += c
-                if self.computed[i] == self.num_tokens[i]:
-                    self._prefilled(i, now)
+            seqs = self.seqs
+            for i, c in step.prefill:
+                seq = seqs[i]
+                seq.computed += c
+                if seq.computed == seq.num_tokens:
+                    self._prefilled(seq, now)
 
     def _steady_steps(self, now: float, dt: float) -> int:
         # How many decode-only steps from now on the scheduler would decide alike: every running sequence
@@ -360,8 +304,8 @@ class LLMEngine:
         joinable = not self.static and len(self.running) < self.max_num_seqs
         if joinable and self.waiting:
             return 0
-        finishes = self.finishes
-        while finishes[0][2] != self.version[finishes[0][1]]:
+        finishes, seqs = self.finishes, self.seqs
+        while finishes[0][2] != seqs[finishes[0][1]].version:
             heapq.heappop(finishes)
         k = finishes[0][0] - self.decodes + 1
         if joinable and self.next_arrival < len(self.arrival):
@@ -373,19 +317,19 @@ class LLMEngine:
             while now + j * dt < a:
                 j += 1
             k = min(k, j)
-        if k > 1 and self.paged and self.free_blocks != math.inf:
+        if k > 1 and self.blocks.paged and self.blocks.num_free != math.inf:
             k = min(k, self._steps_with_blocks(k))
         return k
 
     def _steps_with_blocks(self, k: int) -> int:
         # Decode steps (up to k) the free blocks last: every decoding sequence needs one per block_size steps.
-        bs, free, n_dec = self.block_size, self.free_blocks, self.n_decoding
+        bs, free, n_dec, by_phase = self.block_size, self.blocks.num_free, self.n_decoding, self.blocks.by_phase
         periods = int(free // n_dec)
         if periods * bs >= k:
             return k
         steps, left = periods * bs, free - periods * n_dec
         for m in range(bs):
-            need = self.by_phase[-(self.decodes + m) % bs]
+            need = by_phase[-(self.decodes + m) % bs]
             if need > left:
                 break
             left -= need
@@ -394,18 +338,14 @@ class LLMEngine:
 
     def _decode_run(self, now: float, dt: float, k: int) -> float:
         # k decode steps of the same sequences in one move; returns the time after the last.
-        first, n_dec, bs = self.decodes, self.n_decoding, self.block_size
-        pattern, first_blocks = -1, self.allocated_blocks
-        if self.paged:
+        first, n_dec = self.decodes, self.n_decoding
+        pattern, first_blocks = -1, self.blocks.num_used
+        if self.blocks.paged:
             # Step m of the run is decode step first + m: the sequences in phase -(first + m) % bs need a block.
-            r = -first % bs
-            needs = tuple(self.by_phase[r::-1] + self.by_phase[:r:-1])
-            total = (k // bs) * n_dec + sum(needs[: k % bs])
+            needs = self.blocks.append_run(first, k)
             first_blocks += needs[0]
-            self.free_blocks -= total
-            self.allocated_blocks += total
             pattern = self.patterns.setdefault(needs, len(self.patterns))
-        self.runs.append((first, now, dt, k, 0, n_dec, self.kv_tokens + n_dec, first_blocks, pattern))
+        self.runs.append(first, now, dt, k, 0, n_dec, self.kv_tokens + n_dec, first_blocks, pattern)
         self.kv_tokens += k * n_dec
         now = self.now = now + k * dt
         self.decodes += k
@@ -416,65 +356,66 @@ class LLMEngine:
 
     def decode_time(self, d: int) -> float:
         """When decode step ``d`` (counted from 0) ended."""
-        first, begin, dt = self.runs[bisect.bisect_right(self.runs, d, key=lambda run: run[0]) - 1][:3]
-        return begin + (d - first + 1) * dt
+        log = self.runs
+        i = bisect.bisect_right(log.first_decode, d) - 1
+        return log.start[i] + (d - log.first_decode[i] + 1) * log.duration[i]
 
-    def _decoding_state(self, i: int) -> tuple[int, int]:
+    def _decoding_state(self, seq: Sequence) -> tuple[int, int]:
         # (generated, computed) of a decoding sequence now: one more of each per decode step since it started.
-        steps = self.decodes - self.decode_start[i]
-        return self.generated[i] + steps, self.computed[i] + steps
+        steps = self.decodes - seq.decode_start
+        return seq.generated + steps, seq.computed + steps
 
-    def _prefilled(self, i: int, now: float) -> None:
-        # The step completed request i's prefill: it emits a token, then decodes (or is done).
-        self.prefilling.remove(i)
-        self.generated[i] += 1
-        self.num_tokens[i] += 1
-        if self.generated[i] == 1:
-            self.first_token[i] = now
-        elif now - self.last_token[i] > self.max_gap[i] or math.isnan(self.max_gap[i]):
-            self.max_gap[i] = now - self.last_token[i]     # the gap a preemption left
-        self.open_first[i] = now
-        if self.generated[i] == self.output[i]:
-            if self.version[i]:
-                self._close_segment(i, self.decodes, self.decodes - 1)
-            self._release(i, self.computed[i], now)
+    def _prefilled(self, seq: Sequence, now: float) -> None:
+        # The step completed the sequence's prefill: it emits a token, then decodes (or is done).
+        self.prefilling.remove(seq.index)
+        seq.generated += 1
+        seq.num_tokens += 1
+        if seq.generated == 1:
+            seq.first_token = now
+        elif now - seq.last_token > seq.max_gap or math.isnan(seq.max_gap):
+            seq.max_gap = now - seq.last_token     # the gap a preemption left
+        seq.open_first = now
+        if seq.generated == seq.output:
+            if seq.version:
+                self._close_segment(seq, self.decodes, self.decodes - 1)
+            self._release(seq, seq.computed, now)
             return
-        self.running[i] = True
-        if self.placement is not None:
-            self.slot_decoding[self.slot[i]] = True
-        self.decode_start[i] = self.decodes
-        self.by_phase[(self.computed[i] - self.decodes) % self.block_size] += 1
+        self.running[seq.index] = True
+        if self.slots is not None:
+            self.slots.decoding(seq.slot)
+        seq.decode_start = self.decodes
+        self.blocks.start_decoding(seq, self.decodes)
         self.n_decoding += 1
-        last = self.decodes + self.output[i] - self.generated[i] - 1
-        heapq.heappush(self.finishes, (last, i, self.version[i]))
+        last = self.decodes + seq.output - seq.generated - 1
+        heapq.heappush(self.finishes, (last, seq.index, seq.version))
 
     def _finish_decoding(self, entry: tuple[int, int, int], now: float) -> None:
         # A finish-heap entry came due: its sequence's last token came at this step (unless preempted since).
         _, i, version = entry
-        if version != self.version[i]:
+        seq = self.seqs[i]
+        if version != seq.version:
             return
-        steps = self.decodes - self.decode_start[i]
-        self.generated[i] += steps
-        comp = self.computed[i] = self.computed[i] + steps
-        self.by_phase[(comp - self.decodes) % self.block_size] -= 1
+        self.blocks.stop_decoding(seq)
+        steps = self.decodes - seq.decode_start
+        seq.generated += steps
+        comp = seq.computed = seq.computed + steps
         self.n_decoding -= 1
         if version:     # preempted before: several segments, recorded one by one (else rebuilt at the end)
-            self._close_segment(i, self.decode_start[i], self.decodes - 1)
-        self._release(i, comp, now)
+            self._close_segment(seq, seq.decode_start, self.decodes - 1)
+        self._release(seq, comp, now)
 
-    def _release(self, i: int, comp: int, now: float) -> None:
-        self.running.pop(i, None)
-        self._free_slot(i, self.prompt[i], now)    # the slot keeps the prompt (and answer) in its cache
-        held = self.reserve[i] if self.reserve is not None else -(-comp // self.block_size)
-        self.free_blocks += held
-        self.allocated_blocks -= held
+    def _release(self, seq: Sequence, comp: int, now: float) -> None:
+        self.running.pop(seq.index, None)
+        if self.slots is not None:
+            self.slots.release(seq.slot, seq.prompt, now)    # the slot keeps the prompt (and answer) in its cache
+        self.blocks.free(seq, self.blocks.held_by(seq, comp))
         self.kv_tokens -= comp
-        self.finish_time[i] = now
+        seq.finish_time = now
         self.done += 1
 
-    def _close_segment(self, i: int, first: int, last: int) -> None:
-        # Request i's tokens ran from a prefill's end (open_first), then one per decode step first..last.
-        self.seg_request.append(i)
-        self.seg_first.append(self.open_first[i])
+    def _close_segment(self, seq: Sequence, first: int, last: int) -> None:
+        # The sequence's tokens ran from a prefill's end (open_first), then one per decode step first..last.
+        self.seg_request.append(seq.index)
+        self.seg_first.append(seq.open_first)
         self.seg_from.append(first)
         self.seg_to.append(last)
