@@ -81,7 +81,7 @@ class LlamaCppSlots:
 
     def extra_batches(self, decode_step: bool, prefill: int) -> int:
         """Micro-batches beyond the first a step runs: one per run of neighbouring decoding slots, one more for
-        a prefill beside them (llama.cpp's per-slot cache; :func:`~infergraph_lite.frameworks.llamacpp_profile.
+        a prefill beside them (llama.cpp's per-slot cache; :func:`~infergraph_lite.frameworks.llamacpp.profile.
         slot_runs`)."""
         decoding, runs = self.slot_decoding, 0
         if decode_step:

@@ -29,7 +29,7 @@ class ServerStepTime(Protocol):
     """A step cost fitted to a real server, carrying what that server spends outside its steps: ``request_overhead``
     (arrival to the first step that may schedule the request), ``response_overhead`` (after its last token),
     ``wake`` (more for a step that finds the engine idle for ``idle_after`` seconds; None: not measured).
-    :class:`~infergraph_lite.frameworks.llamacpp_profile.StepTimeModel` is one."""
+    :class:`~infergraph_lite.frameworks.llamacpp.profile.StepTimeModel` is one."""
 
     request_overhead: float
     response_overhead: float
