@@ -180,3 +180,29 @@ def test_at_work_rescales_every_batch_size_to_a_runs_work_per_request_and_names_
         at_work(twin, {"a": 0.004, "join": 0.0, "b": 1.0})
     drawn = at_work({"e": (Stage(service_time=Exponential(0.002)), ["request"])}, {"e": 0.006})["e"][0]
     assert drawn.service_time == Exponential(0.006)  # still an Exponential: the simulator's seed draws it
+
+
+def test_validate_graph_server_gives_a_row_per_load_and_its_replay_of_a_sleeping_graph_is_close():
+    from infergraph_lite.lessons.twins import validate_graph_server
+
+    stages = {"a": (Stage(fn=nap, max_batch_size=4), ["request"]), "b": (Stage(fn=nap), ["a"])}
+    twin = {name: (Stage(service_time=0.003, max_batch_size=stage.max_batch_size), deps)
+            for name, (stage, deps) in stages.items()}
+    with GraphServer(stages) as server:
+        hops = calibrate_hops(server, twin, lambda i: {"request": i}, n_requests=20)
+        rows = validate_graph_server(server, twin, lambda i: {"request": i}, hops, rates={0.2: 30.0, 0.4: 60.0},
+                                     n_requests=40)
+    assert [row.load for row in rows] == [0.2, 0.4]
+    for row in rows:
+        assert row.measured[0] >= 0.006 and row.measured[1] >= row.measured[0]  # two naps at least; p99 >= mean
+        # a sleep costs the same under load: the replay of the run's own batch times is close
+        assert abs(row.error("replay")[0]) < 0.5
+
+
+def test_validate_graph_server_refuses_a_bad_rate_before_sending_anything():
+    from infergraph_lite.lessons.twins import validate_graph_server
+
+    with GraphServer({"a": (Stage(fn=nap), ["request"])}) as server:
+        with pytest.raises(ValueError, match=r"rates\[0.5\] must be > 0"):
+            validate_graph_server(server, {}, lambda i: {"request": i}, None, rates={0.3: 10.0, 0.5: -1.0})
+        assert server.records == []

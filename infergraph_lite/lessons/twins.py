@@ -37,7 +37,8 @@ from infergraph_lite.core.stage import Exponential, mean_service_time, service_t
 from infergraph_lite.serving.loadtest import run_closed_loop, run_open_loop
 from infergraph_lite.simulation.graph import simulate_graph
 
-__all__ = ["HopCalibration", "at_work", "calibrate_hops", "recorded_turnaround", "recorded_twin", "service_table"]
+__all__ = ["HopCalibration", "at_work", "calibrate_hops", "recorded_turnaround", "recorded_twin", "service_table",
+           "validate_graph_server"]
 
 
 def service_table(sizes: Sequence[float], seconds: Sequence[float]) -> Callable[[float], float]:
@@ -321,3 +322,51 @@ def _spread(table: Callable[[float], float], sizes: np.ndarray, ratios: list[np.
         pool = ratios[int(np.argmin(np.abs(sizes - size)))]
         return table(size) * float(pool[rng.integers(len(pool))])
     return service_time
+
+
+def validate_graph_server(server: Any, twin: Mapping[str, tuple[Any, Sequence[str]]], make_item: Callable[[int], Any],
+                          hops: HopCalibration | None, *, rates: Mapping[float, float], n_requests: int = 300,
+                          seed: int = 0) -> list[Any]:
+    """A :class:`~infergraph_lite.lessons.measuring.ValidationRow` per load: ``server`` (a warm ``GraphServer``)
+    under open-loop Poisson load at each ``rates[load]`` req/s, beside its two twins fed the run's own arrivals.
+
+    The **forecast** is ``twin`` (service times from a profile taken before the load) with the hops the lone requests
+    measured (``hops``); the **replay** takes each batch's wall time and turnaround as this run recorded them, with
+    the same hand-off.  Latencies count from each request's submit to its last stage (the server's own records),
+    so the load generator's lateness is not the twins' to reproduce.
+
+    >>> validate_graph_server(None, {}, lambda i: i, None, rates={0.5: 0.0})
+    Traceback (most recent call last):
+    ...
+    ValueError: rates[0.5] must be > 0, got 0.0
+    """
+    from infergraph_lite.lessons.measuring import ValidationRow
+
+    for load, rate in rates.items():
+        check_number(f"rates[{load}]", rate)
+    n_requests = check_count("n_requests", n_requests)
+    if hops is None:
+        raise ValueError("validate_graph_server: hops is None; measure them first with calibrate_hops")
+
+    def summary(latencies: Any) -> tuple[float, float]:
+        return float(np.mean(latencies)), float(np.percentile(latencies, 99))
+
+    rows: list[Any] = []
+    for k, (load, rate) in enumerate(rates.items()):
+        gaps = np.random.default_rng([seed, k]).exponential(1 / rate, n_requests)
+        first = len(server.records) + server.failed  # the first request number this run sends
+        marks = {name: len(rows_) for name, rows_ in server.stage_records().items()}
+        batch_marks = server.batch_marks()
+        run_open_loop(server, np.cumsum(gaps) - gaps[0], make_item)
+        done = sorted((r for r in server.records if r.number >= first), key=lambda r: r.number)
+        sent = np.array([r.submitted for r in done])
+        replay = {"arrivals": sent - sent[0], "warmup": 0.0, "allow_unstable": True}
+        records = {name: rows_[marks[name]:] for name, rows_ in server.stage_records().items()}
+        forecast = simulate_graph(hops.occupying(twin), None, hop_delay=hops.handoff, **replay)
+        traced = dataclasses.replace(hops, trip={}, turnaround=recorded_turnaround(server.batches_since(batch_marks)))
+        replayed = simulate_graph(traced.occupying(recorded_twin(records, twin, spread=True, seed=k)), None,
+                                  hop_delay=traced.handoff, **replay)
+        rows.append(ValidationRow(load, summary([r.latency for r in done]),
+                                  (forecast.mean_latency, forecast.percentile(99)),
+                                  (replayed.mean_latency, replayed.percentile(99))))
+    return rows
