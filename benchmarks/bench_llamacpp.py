@@ -53,16 +53,15 @@ def one_run(server: LlamaCppServer, args: argparse.Namespace) -> dict[str, float
         report = run_closed_loop(client, n_clients=args.clients, n_requests=args.requests,
                                  make_item=lambda i: prompt_of(args.prompt))
         done: list[Completion] = list(client.completions)
+        # vLLM's definitions (TTFT, ITL, E2EL), the same record the notebooks and the simulator report
+        m = client.llm_metrics(completions=done, percentiles=(50, 99))
     after = server.metrics()
     if report.failed or len(done) != args.requests or any(c.n_tokens != args.tokens for c in done):
         raise RuntimeError(f"{server}: {report.failed} failed, {len(done)} answered")
-    e2e = np.array([c.e2e for c in done])
-    ttft = np.array([c.ttft for c in done])
     return {"tok_s": args.requests * args.tokens / report.elapsed, "req_s": report.throughput,
-            "e2e_p50": float(np.median(e2e)), "e2e_p99": float(np.percentile(e2e, 99)),
-            "ttft_p50": float(np.median(ttft)), "ttft_p99": float(np.percentile(ttft, 99)),
-            "gap_mean": float(np.mean(np.concatenate([c.gaps for c in done]))),
-            "tokens_per_decode": tokens_per_decode(before, after), "peak_busy": float(monitor.peak)}
+            "e2e_p50": m.e2el.median, "e2e_p99": m.e2el.p(99), "ttft_p50": m.ttft.median, "ttft_p99": m.ttft.p(99),
+            "gap_mean": m.itl.mean, "tokens_per_decode": tokens_per_decode(before, after),
+            "peak_busy": float(monitor.peak)}
 
 
 def main() -> None:
