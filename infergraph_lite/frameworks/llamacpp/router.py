@@ -27,11 +27,12 @@ from infergraph_lite.core.arguments import check_count
 from infergraph_lite.core.routing import PrefixAffinity, RoundRobin
 from infergraph_lite.core.stage import Stage
 from infergraph_lite.frameworks.llamacpp.client import Completion, CompletionRequest, LlamaCppClient
-from infergraph_lite.frameworks.llamacpp.model import ModelInfo
+from infergraph_lite.frameworks.llamacpp.model import ModelInfo, prompt_of
 from infergraph_lite.frameworks.llamacpp.server import LlamaCppServer
 from infergraph_lite.serving.graph_server import GraphServer
 
-__all__ = ["LlamaCppRouter", "Routed", "policy_named", "prompt_text", "router_stages"]
+__all__ = ["LlamaCppRouter", "Routed", "policy_named", "prompt_text", "router_stages", "tenant_requests",
+           "tenant_systems"]
 
 POLICIES: dict[str, Callable[[int], Callable[[Any], int]]] = {"round_robin": RoundRobin, "prefix": PrefixAffinity}
 
@@ -43,6 +44,47 @@ def prompt_text(request: Mapping[str, Any]) -> str:
     'You are terse. Why?'
     """
     return str(request["system"]) + str(request["question"])
+
+
+def _words() -> list[str]:
+    # the tiny model's word pieces, each one token (prompt_of's words), in a fixed order
+    return sorted(set(prompt_of(2000).split()))
+
+
+def tenant_systems(n_tenants: int, *, words: int = 300, seed: int = 0) -> list[str]:
+    """``n_tenants`` system prompts of ``words`` words each (one token each for the tiny model, plus ``<s>``),
+    drawn with a seeded generator so that no two share their first word.
+
+    >>> a, b = tenant_systems(2, words=5)
+    >>> len(a.split()), a.split()[0] != b.split()[0]
+    (5, True)
+    """
+    vocabulary = _words()
+    n = check_count("n_tenants", n_tenants)
+    if n > len(vocabulary):
+        raise ValueError(f"at most {len(vocabulary)} tenants (one first word each)")
+    rng = np.random.default_rng(seed)
+    firsts = rng.choice(len(vocabulary), n, replace=False)
+    return [" ".join([vocabulary[f]] + [vocabulary[i] for i in rng.integers(0, len(vocabulary),
+                                                                            check_count("words", words) - 1)])
+            for f in firsts]
+
+
+def tenant_requests(systems: Sequence[str], n_requests: int, *, question_words: int = 12, n_predict: int = 8,
+                    seed: int = 0) -> list[dict[str, Any]]:
+    """``n_requests`` requests, each from a tenant drawn at random (seeded) among ``systems``, with a question of
+    its own of ``question_words`` words.
+
+    >>> reqs = tenant_requests(["A B", "C D"], 3, question_words=2, seed=1)
+    >>> [r["system"] for r in reqs], reqs[0]["question"].startswith(" "), reqs[0]["n_predict"]
+    (['A B', 'C D', 'C D'], True, 8)
+    """
+    vocabulary = _words()
+    rng = np.random.default_rng(seed)
+    tenant = rng.integers(0, len(systems), check_count("n_requests", n_requests))
+    asked = rng.integers(0, len(vocabulary), (len(tenant), check_count("question_words", question_words)))
+    return [{"system": systems[t], "question": " " + " ".join(vocabulary[i] for i in q), "n_predict": n_predict}
+            for t, q in zip(tenant.tolist(), asked.tolist(), strict=True)]
 
 
 def policy_named(policy: str | Callable[[Any], int], n_servers: int) -> Callable[[Any], int]:
@@ -102,11 +144,18 @@ def router_stages(clients: Sequence[Any], policy: Callable[[Any], int], *,
 
 @dataclass(frozen=True)
 class Routed:
-    """One answered request: the server it went to and its :class:`Completion`; ``arrival``: its scheduled send."""
+    """One answered request: the server it went to and its :class:`Completion`; ``arrival``: its scheduled time
+    (seconds from the run's start); ``queued``: from then until its client sent it (waiting in the router)."""
 
     server: int
     completion: Completion
     arrival: float
+    queued: float
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token from the request's arrival at the router (its wait there included), seconds."""
+        return self.queued + self.completion.ttft
 
 
 class LlamaCppRouter:
@@ -180,7 +229,8 @@ class LlamaCppRouter:
             futures.append(self.submit(request))
         deadline = time.perf_counter() + timeout
         answers = [f.result(timeout=max(deadline - time.perf_counter(), 0.0)) for f in futures]
-        return [Routed(int(a["route"]), a["generate"], float(t)) for a, t in zip(answers, times, strict=True)]
+        return [Routed(int(a["route"]), a["generate"], float(t), a["generate"].sent_at - start - float(t))
+                for a, t in zip(answers, times, strict=True)]
 
     def close(self) -> None:
         """Serve what is inside, then stop the graph, the clients and every server (by PID)."""
