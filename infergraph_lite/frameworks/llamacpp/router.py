@@ -71,17 +71,23 @@ def tenant_systems(n_tenants: int, *, words: int = 300, seed: int = 0) -> list[s
 
 
 def tenant_requests(systems: Sequence[str], n_requests: int, *, question_words: int = 12, n_predict: int = 8,
-                    seed: int = 0) -> list[dict[str, Any]]:
+                    seed: int = 0, balanced: bool = False) -> list[dict[str, Any]]:
     """``n_requests`` requests, each from a tenant drawn at random (seeded) among ``systems``, with a question of
-    its own of ``question_words`` words.
+    its own of ``question_words`` words.  ``balanced=True``: every tenant sends the same number of requests
+    (``n_requests`` must be a multiple of the tenants), in a random order.
 
     >>> reqs = tenant_requests(["A B", "C D"], 3, question_words=2, seed=1)
     >>> [r["system"] for r in reqs], reqs[0]["question"].startswith(" "), reqs[0]["n_predict"]
     (['A B', 'C D', 'C D'], True, 8)
+    >>> sorted(r["system"] for r in tenant_requests(["A B", "C D"], 4, balanced=True))
+    ['A B', 'A B', 'C D', 'C D']
     """
     vocabulary = _words()
     rng = np.random.default_rng(seed)
-    tenant = rng.integers(0, len(systems), check_count("n_requests", n_requests))
+    n = check_count("n_requests", n_requests)
+    if balanced and n % len(systems):
+        raise ValueError(f"balanced: n_requests ({n}) must be a multiple of the {len(systems)} tenants")
+    tenant = rng.permutation(np.arange(n) % len(systems)) if balanced else rng.integers(0, len(systems), n)
     asked = rng.integers(0, len(vocabulary), (len(tenant), check_count("question_words", question_words)))
     return [{"system": systems[t], "question": " " + " ".join(vocabulary[i] for i in q), "n_predict": n_predict}
             for t, q in zip(tenant.tolist(), asked.tolist(), strict=True)]
@@ -104,7 +110,8 @@ def router_stages(clients: Sequence[Any], policy: Callable[[Any], int], *,
                   concurrency: int = 2) -> dict[str, tuple[Stage, list[str]]]:
     """The graph: ``route`` (the policy, per request) then ``generate`` (the chosen client's ``complete``).
 
-    ``clients[s]`` serves the requests routed to server ``s``: anything with ``complete(CompletionRequest)``.
+    ``clients[s]`` serves the requests routed to server ``s``: anything with ``complete(CompletionRequest)``
+    (its ``submit``, where it has one, is used instead, so that a client's own bound on requests in flight holds).
     ``concurrency`` is how many requests are in flight at once, all servers together (``generate``'s replicas:
     each blocks on its answer's stream).  Every request's answer is ``{"route": server, "generate": answer}``.
 
@@ -134,8 +141,13 @@ def router_stages(clients: Sequence[Any], policy: Callable[[Any], int], *,
         return chosen
 
     def generate(pairs: list[tuple[Mapping[str, Any], int]]) -> list[Any]:
-        return [clients[server].complete(CompletionRequest(prompt_text(request), request.get("n_predict")))
-                for request, server in pairs]
+        # through the client's submit where it has one, so that its max_in_flight bounds what its server holds
+        out = []
+        for request, server in pairs:
+            item = CompletionRequest(prompt_text(request), request.get("n_predict"))
+            submit = getattr(clients[server], "submit", None)
+            out.append(submit(item).result() if submit is not None else clients[server].complete(item))
+        return out
 
     return {"route": (Stage(fn=route, max_batch_size=None), ["request"]),
             "generate": (Stage(fn=generate, max_batch_size=1, replicas=check_count("concurrency", concurrency)),
@@ -164,7 +176,8 @@ class LlamaCppRouter:
     ``model`` is served by every server, each started with ``server_options`` (``n_parallel``, ``n_ctx``,
     ``cache_ram_mib``, ...); the clients get ``client_options`` (``n_predict``, ...) and ``cache_prompt=True``
     unless told otherwise.  ``policy`` is ``"round_robin"``, ``"prefix"`` or a callable request -> server.
-    ``concurrency`` bounds the requests in flight (default: every slot of every server).
+    ``concurrency`` bounds the requests in flight (default: every slot of every server); a client's
+    ``max_in_flight`` (in ``client_options``; default ``concurrency``) bounds those on its server.
 
     >>> from infergraph_lite.frameworks.llamacpp.model import write_tiny_llama
     >>> model = write_tiny_llama(embd=64, layers=1, ff=128, heads=4, kv_heads=2, ctx=512)
@@ -184,16 +197,16 @@ class LlamaCppRouter:
         self.n_servers = check_count("n_servers", n_servers)
         self.policy = policy_named(policy, self.n_servers)
         server_options = dict(server_options or {})
-        client_options = {"cache_prompt": True, **(client_options or {})}
         slots = int(server_options.get("n_parallel", 1))
         self.concurrency = check_count("concurrency", concurrency if concurrency is not None else slots * n_servers)
+        client_options = {"cache_prompt": True, "max_in_flight": self.concurrency, **(client_options or {})}
         self.servers: list[LlamaCppServer] = []
         self.clients: list[LlamaCppClient] = []
         self.graph: GraphServer | None = None
         try:
             for _ in range(self.n_servers):
                 self.servers.append(LlamaCppServer(model, **server_options))
-            self.clients = [s.client(max_in_flight=self.concurrency, **client_options) for s in self.servers]
+            self.clients = [s.client(**client_options) for s in self.servers]
             self.graph = GraphServer(router_stages(self.clients, self.policy, concurrency=self.concurrency),
                                      name="llm-router")
         except BaseException:
