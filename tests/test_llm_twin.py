@@ -32,7 +32,7 @@ def test_run_speed_is_the_runs_own_steps_over_the_profiles_and_skips_a_prefill_t
 
 def test_validate_llm_server_takes_one_slot_servers_only_and_says_why_before_sending():
     eight = SimpleNamespace(n_parallel=8, client=lambda **kw: pytest.fail("nothing may be sent"))
-    with pytest.raises(ValueError, match="8 slots.*one-slot server"):
+    with pytest.raises(ValueError, match=r"8 slots.*one-slot server"):
         validate_llm_server(eight, profile, rates={0.5: 10.0}, n_requests=4, prompt_tokens=[16], output_tokens=8)
     with pytest.raises(ValueError, match=r"rates\[0.5\] must be > 0"):
         validate_llm_server(eight, profile, rates={0.5: 0.0}, n_requests=4, prompt_tokens=[16], output_tokens=8)
