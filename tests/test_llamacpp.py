@@ -732,3 +732,66 @@ def test_the_profile_measures_waking_the_live_server(server1):
     hot, cold, hot_step, cold_step = np.array(profile.wake_samples).T
     assert len(hot) == 2 and np.all(hot_step < hot) and np.all(cold_step < cold)
     assert profile.wake == max(0.0, float(np.mean(cold) - np.mean(hot))) and profile.idle_after == 0.05
+
+
+# --- the prompt cache and the router (notebook 10) -----------------------------------------------------------
+
+
+def test_the_prompt_cache_is_off_by_default_and_reuses_the_slots_prefix_when_asked(model):
+    system, question = prompt_of(120), [" cache graph request", " queue latency token"]
+    with LlamaCppServer(model, n_parallel=1, cache_ram_mib=0) as server:
+        with server.client(n_predict=3) as plain:
+            off = [plain.complete(system + q) for q in question]
+        with server.client(n_predict=3, cache_prompt=True) as caching:
+            on = [caching.complete(system + q) for q in question]
+        with server.client(n_predict=3, cache_prompt=True, api="llamacpp") as native:
+            again = native.complete(system + question[0])
+    assert [d.prompt_evaluated for d in off] == [d.prompt_tokens for d in off], "off: every token is evaluated"
+    assert [d.cached_tokens for d in off] == [0, 0]
+    for d in [*on, again]:
+        assert d.cached_tokens >= 120 and d.prompt_evaluated == d.prompt_tokens - d.cached_tokens
+        assert d.prompt_evaluated >= 1, "one token is always evaluated"
+    assert on[1].prompt_evaluated <= 4, "only the question differs"
+
+
+def test_the_cache_options_are_checked_by_name_before_any_process_starts(model):
+    with pytest.raises(BadParameterError, match="cache_ram_mib"):
+        LlamaCppServer(model, cache_ram_mib=-2)
+    with pytest.raises(BadParameterError, match="slot_prompt_similarity"):
+        LlamaCppServer(model, slot_prompt_similarity=1.5)
+    with pytest.raises(TypeError, match="cache_prompt"):
+        LlamaCppClient("http://127.0.0.1:1", cache_prompt="yes")
+
+
+def test_a_second_tenant_evicts_the_first_from_a_single_slot_unless_host_memory_keeps_it(model):
+    a, b = prompt_of(100), " ".join(reversed(prompt_of(100).split()))
+    results = {}
+    for ram in (0, 16):
+        with LlamaCppServer(model, n_parallel=1, cache_ram_mib=ram) as server, \
+                server.client(n_predict=2, cache_prompt=True) as client:
+            results[ram] = [client.complete(p + " token").cached_tokens for p in (a, b, a)]
+    assert results[0][2] <= 2, "one slot: B's prompt overwrote A's"
+    assert results[16][2] >= 99, "--cache-ram saved A's prompt and loaded it back"
+
+
+def test_a_router_of_two_servers_keeps_each_tenant_on_one_server_and_leaves_nothing(model):
+    from infergraph_lite.frameworks.llamacpp.router import LlamaCppRouter, tenant_requests, tenant_systems
+
+    requests = tenant_requests(tenant_systems(4, words=60, seed=0), 12, question_words=4, n_predict=2, seed=1)
+    before = own_processes()
+    with LlamaCppRouter(model, policy="prefix", server_options={"n_parallel": 2, "cache_ram_mib": 0}) as router:
+        pids = router.pids
+        assert len(pids) == 2 and set(pids) <= own_processes()
+        sockets = listening(pids)
+        assert {entry[0] for entry in sockets} == set(pids) and not not_loopback(sockets), "loopback only"
+        answers = router.run(requests, arrivals=0.05 * np.arange(len(requests)))
+    by_tenant: dict[str, set[int]] = {}
+    for request, answer in zip(requests, answers, strict=True):
+        by_tenant.setdefault(request["system"], set()).add(answer.server)
+        assert answer.completion.n_tokens == 2 and answer.ttft >= answer.completion.ttft
+    assert all(len(s) == 1 for s in by_tenant.values()), "prefix affinity: one server per tenant"
+    hits = sum(a.completion.cached_tokens >= 60 for a in answers)
+    assert hits >= len(requests) - len(by_tenant) - 2, f"most repeated tenants hit their server's cache: {hits}"
+    assert own_processes() - before == set(), "every server stopped"
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -15,7 +15,9 @@ Stage-options mapping; its server parameters are checked by :func:`check_server_
   what it holds and fits the callable the LLM simulator takes;
 - :mod:`~infergraph_lite.frameworks.llamacpp.serve`: the server's child process (``python -m``);
 - :mod:`~infergraph_lite.frameworks.llamacpp.engine`: :class:`LlamaCppEngine`, server and client as one
-  :class:`~infergraph_lite.frameworks.engine.Engine`.
+  :class:`~infergraph_lite.frameworks.engine.Engine`;
+- :mod:`~infergraph_lite.frameworks.llamacpp.router`: :class:`LlamaCppRouter`, several servers behind a router
+  stage (round robin or prefix affinity) in a GraphServer graph (notebook 10).
 
 ``xllamacpp`` is imported only in the server's child process, ``gguf`` only by the model writer, ``openai`` only when
 a client is made.  The names below are loaded on first use.
@@ -57,6 +59,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         profile_step_time,
         slot_runs,
     )
+    from infergraph_lite.frameworks.llamacpp.router import LlamaCppRouter, Routed, router_stages
     from infergraph_lite.frameworks.llamacpp.server import (
         BadParameterError,
         LlamaCppServer,
@@ -74,6 +77,7 @@ _EXPORTS = {
     "model": ["ModelInfo", "cache_dir", "describe", "prompt_of", "trained_context_length", "write_tiny_llama"],
     "profile": ["StepSample", "StepTimeModel", "StepTimeProfile", "expected_runs", "fit_step_time", "mixed_gap",
                 "profile_step_time", "slot_runs"],
+    "router": ["LlamaCppRouter", "Routed", "router_stages"],
     "server": ["BadParameterError", "LlamaCppServer", "ModelLoadError", "ModelMissingError", "PortTakenError",
                "ServerStartError", "check_server_parameters"],
 }
@@ -84,12 +88,14 @@ __all__ = [
     "CompletionRequest",
     "LlamaCppClient",
     "LlamaCppEngine",
+    "LlamaCppRouter",
     "LlamaCppServer",
     "ModelInfo",
     "ModelLoadError",
     "ModelMissingError",
     "PortTakenError",
     "RequestError",
+    "Routed",
     "ServerStartError",
     "SlotMonitor",
     "StepSample",
@@ -105,6 +111,7 @@ __all__ = [
     "parse_prometheus",
     "profile_step_time",
     "prompt_of",
+    "router_stages",
     "slot_runs",
     "tokens_per_decode",
     "trained_context_length",

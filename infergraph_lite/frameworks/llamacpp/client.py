@@ -10,7 +10,9 @@ talks to vLLM, SGLang or any OpenAI-compatible server: give it their ``url``, ``
 
 llama.cpp adds its own fields, sent through the ``openai`` package's ``extra_body`` and read from the chunks'
 extra fields: ``timings_per_token`` puts its ``timings`` (``predicted_n``: tokens so far; ``prompt_ms``, ...)
-in every chunk, ``cache_prompt`` and a ``logit_bias`` that bans tokens.  Other servers ignore them.  The
+in every chunk, ``cache_prompt`` (off unless the client is made with ``cache_prompt=True``: then a request reuses the
+longest common prefix its slot still holds, and :attr:`Completion.cached_tokens` says how much) and a ``logit_bias``
+that bans tokens.  Other servers ignore them.  The
 OpenAI-compatible stream does not say which slot served a request; ``api="llamacpp"`` streams llama.cpp's own
 ``/completion`` endpoint instead (same client, same ``openai`` HTTP stack), whose answers carry the slot id.
 
@@ -78,6 +80,9 @@ class Completion:
     ``"length"``; otherwise the finish reason, ``"stop"``); ``server_timings`` is llama.cpp's own ``timings``
     record (``prompt_ms``, ``predicted_per_token_ms``, ...; empty from servers that send none); ``slot`` the slot
     that served it (-1: not reported, as on the OpenAI-compatible endpoints; see ``api="llamacpp"``).
+    ``cached_tokens`` is how many prompt tokens the server took from its prompt cache instead of computing them
+    (llama.cpp's ``timings.cache_n``, or the usage's ``prompt_tokens_details.cached_tokens`` as vLLM and SGLang
+    report it; -1: the server did not say); :attr:`prompt_evaluated` the prompt tokens it computed.
     """
 
     text: str
@@ -89,6 +94,15 @@ class Completion:
     slot: int = -1
     server_timings: Mapping[str, float] = field(default_factory=dict)
     sent_at: float = math.nan       # time.perf_counter() when the request was sent
+    cached_tokens: int = -1         # prompt tokens reused from the server's cache (-1: not reported)
+
+    @property
+    def prompt_evaluated(self) -> int:
+        """Prompt tokens the server computed: llama.cpp's ``timings.prompt_n``, else the prompt less its cached
+        tokens (all of it when the server reports no cache)."""
+        if "prompt_n" in self.server_timings:
+            return int(self.server_timings["prompt_n"])
+        return self.prompt_tokens - max(self.cached_tokens, 0)
 
     @property
     def done_at(self) -> float:
@@ -161,8 +175,11 @@ def _event(chunk: Any) -> dict[str, Any]:
     choices = [{"text": c.delta.content if hasattr(c, "delta") else c.text, "finish_reason": c.finish_reason}
                for c in chunk.choices]
     usage = chunk.usage
+    details = usage and getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
     return {"choices": choices, "timings": (chunk.model_extra or {}).get("timings"),
-            "usage": usage and {"completion_tokens": usage.completion_tokens, "prompt_tokens": usage.prompt_tokens}}
+            "usage": usage and {"completion_tokens": usage.completion_tokens, "prompt_tokens": usage.prompt_tokens,
+                                "cached_tokens": cached}}
 
 
 class LlamaCppClient:
@@ -181,6 +198,8 @@ class LlamaCppClient:
     llama.cpp holds back a token that ends inside a UTF-8 character and streams it with the next one, which would
     hide that token's arrival time (a zero gap).  ``api="llamacpp"`` streams llama.cpp's own ``/completion``
     endpoint instead, whose answers also say which slot served each request (:attr:`Completion.slot`).
+    ``cache_prompt=True`` lets each request reuse what its slot still holds of an earlier prompt (llama.cpp's
+    prompt cache; off by default, so that every request pays its whole prefill, as notebook 08 measures it).
 
     >>> from infergraph_lite.frameworks.llamacpp.model import write_tiny_llama
     >>> from infergraph_lite.frameworks.llamacpp.server import LlamaCppServer
@@ -195,7 +214,7 @@ class LlamaCppClient:
     def __init__(self, url: str, *, n_predict: int = 32, max_in_flight: int = 64, timeout: float = 120.0,
                  temperature: float = 0.0, seed: int = 0, banned_tokens: Sequence[int] = (),
                  exit_reason: Callable[[float], str] | None = None, api_key: str = "none", model: str = "",
-                 api: Literal["openai", "llamacpp"] = "openai") -> None:
+                 api: Literal["openai", "llamacpp"] = "openai", cache_prompt: bool = False) -> None:
         import openai  # the OpenAI-compatible client: imported here, so the package imports without it
 
         parts = urllib.parse.urlsplit(url)
@@ -214,6 +233,9 @@ class LlamaCppClient:
         self.max_in_flight = max_in_flight
         self.model = model
         self.api = api
+        if not isinstance(cache_prompt, (bool, np.bool_)):
+            raise TypeError(f"cache_prompt must be True or False, got {cache_prompt!r}")
+        self.cache_prompt = bool(cache_prompt)
         self._exit_reason = exit_reason
         # No retries (max_retries=0): a retry would hide a dead server.  And one connection per request
         # ("Connection: close"): a pooled connection that llama.cpp had already closed failed a request ("Server
@@ -246,9 +268,9 @@ class LlamaCppClient:
 
     def _extra_body(self) -> dict[str, Any]:
         # Beyond the OpenAI API: ignore_eos (vLLM, SGLang, llama.cpp) makes max_tokens exact; the rest is
-        # llama.cpp's: its timings in every chunk (predicted_n counts the tokens so far), no prompt cache (each
-        # request pays its prefill, as the simulator assumes), and banned tokens (false: never).
-        body: dict[str, Any] = {"ignore_eos": True, "timings_per_token": True, "cache_prompt": False}
+        # llama.cpp's: its timings in every chunk (predicted_n counts the tokens so far), its prompt cache (off
+        # unless asked: each request pays its prefill, as the simulator assumes), and banned tokens (false: never).
+        body: dict[str, Any] = {"ignore_eos": True, "timings_per_token": True, "cache_prompt": self.cache_prompt}
         if self.banned_tokens:
             body["logit_bias"] = [[t, False] for t in self.banned_tokens]
         return body
@@ -318,10 +340,15 @@ class LlamaCppClient:
             raise RequestError(f"asked for n_predict={n_predict} tokens, got {n_tokens}: the prompt "
                                f"({state.get('prompt_tokens', '?')} tokens) plus the output did not fit the slot's "
                                "context (n_ctx / n_parallel KV cells)", 0)
-        done = Completion(text="".join(pieces), n_tokens=n_tokens, prompt_tokens=int(state.get("prompt_tokens", 0)),
+        timings = dict(state.get("timings") or {})
+        prompt_tokens = int(state.get("prompt_tokens", 0))
+        cached = timings.get("cache_n", state.get("cached_tokens"))
+        if cached is None and "prompt_n" in timings:
+            cached = prompt_tokens - int(timings["prompt_n"])
+        done = Completion(text="".join(pieces), n_tokens=n_tokens, prompt_tokens=prompt_tokens,
                           token_times=np.asarray(times), e2e=e2e, stop_type=str(state["finish"]),
-                          slot=int(state.get("slot", -1)), server_timings=dict(state.get("timings") or {}),
-                          sent_at=start)
+                          slot=int(state.get("slot", -1)), server_timings=timings, sent_at=start,
+                          cached_tokens=-1 if cached is None else int(cached))
         with self._lock:
             self.completions.append(done)
         return done
@@ -350,6 +377,8 @@ class LlamaCppClient:
         usage = event.get("usage")
         if usage:
             state.update(n_tokens=usage["completion_tokens"], prompt_tokens=usage["prompt_tokens"])
+            if usage.get("cached_tokens") is not None:
+                state["cached_tokens"] = usage["cached_tokens"]
         if timings and "predicted_n" in timings:
             return text, int(timings["predicted_n"])
         return text, seen + (1 if text else 0)

@@ -39,7 +39,11 @@ def _params(config: dict[str, Any]) -> Any:
     p.endpoint_metrics = True
     p.endpoint_slots = True
     p.warmup = config.get("warmup", False)
-    p.cache_prompt = False                          # each request pays its own prefill, as the simulator assumes
+    p.cache_prompt = False                          # each request pays its own prefill, unless it asks (cache_prompt)
+    if config.get("cache_ram_mib") is not None:     # host memory for prompts evicted from slots (-1: no limit, 0: off)
+        p.cache_ram_mib = config["cache_ram_mib"]
+    if config.get("slot_prompt_similarity") is not None:   # a slot is reused for a prompt this similar (0: never)
+        p.slot_prompt_similarity = config["slot_prompt_similarity"]
     return p
 
 

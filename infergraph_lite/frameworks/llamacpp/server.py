@@ -12,7 +12,15 @@ ours / llama.cpp    what it is                                             vLLM'
 ``n_batch``         most tokens one ``llama_decode`` call takes            ``max_num_batched_tokens``
 ``n_ubatch``        tokens per physical compute step inside a decode call  --
 ``cont_batching``   sequences join and leave between decode steps          always on
+``cache_ram_mib``   host memory keeping prompts evicted from slots         (CPU offload: LMCache)
+                    (``--cache-ram``; None: llama.cpp's default, 0: off)
+``slot_prompt_``    a request goes to the idle slot whose cached prompt    --
+``similarity``      shares over this fraction of it (``--slot-prompt-
+                    similarity``; None: llama.cpp's 0.1, 0: never)
 ==================  =====================================================  =====================
+
+A request reuses a slot's cached prompt only if it asks (``cache_prompt``: see :class:`LlamaCppClient`); the server
+itself never does, so each request pays its own prefill unless told otherwise (notebook 10).
 
 Start-up failures have names, checked before any process starts where possible: :class:`ModelMissingError`,
 :class:`ModelLoadError`, :class:`PortTakenError`, :class:`BadParameterError`; anything else is a
@@ -195,7 +203,8 @@ class LlamaCppServer:
     def __init__(self, model: str | os.PathLike[str] | ModelInfo, *, n_parallel: int = 1, n_ctx: int | None = None,
                  n_batch: int = 2048, n_ubatch: int = 512, cont_batching: bool = True, threads: int = 1,
                  port: int | None = None, ready_timeout: float = 60.0, log_path: str | os.PathLike[str] | None = None,
-                 start: bool = True) -> None:
+                 start: bool = True, cache_ram_mib: int | None = None,
+                 slot_prompt_similarity: float | None = None) -> None:
         path = Path(model.path if isinstance(model, ModelInfo) else model)
         # Numpy integers are taken as ints (and stored as ints: they go to the child as JSON); anything else that
         # is not a whole number >= 1 is refused by name.
@@ -204,6 +213,12 @@ class LlamaCppServer:
         n_batch, n_ubatch, threads = (_positive_int(k, v) for k, v in
                                       (("n_batch", n_batch), ("n_ubatch", n_ubatch), ("threads", threads)))
         port = _port(port)
+        if cache_ram_mib is not None and (isinstance(cache_ram_mib, bool) or not isinstance(
+                cache_ram_mib, (int, np.integer)) or cache_ram_mib < -1):
+            raise BadParameterError("cache_ram_mib", cache_ram_mib, "must be None, -1 (no limit), 0 (off) or MiB")
+        if slot_prompt_similarity is not None and (isinstance(slot_prompt_similarity, bool) or not isinstance(
+                slot_prompt_similarity, (int, float, np.number)) or not 0 <= slot_prompt_similarity <= 1):
+            raise BadParameterError("slot_prompt_similarity", slot_prompt_similarity, "must be None or in [0, 1]")
         if not isinstance(cont_batching, (bool, np.bool_)):
             raise BadParameterError("cont_batching", cont_batching, "must be True or False")
         cont_batching = bool(cont_batching)
@@ -227,6 +242,8 @@ class LlamaCppServer:
         self.n_ubatch = n_ubatch
         self.cont_batching = cont_batching
         self.threads = threads
+        self.cache_ram_mib = None if cache_ram_mib is None else int(cache_ram_mib)
+        self.slot_prompt_similarity = None if slot_prompt_similarity is None else float(slot_prompt_similarity)
         self.ready_timeout = float(ready_timeout)
         self._port_asked = port
         self._own_log = log_path is None
@@ -270,7 +287,8 @@ class LlamaCppServer:
             self.log_path = Path(name)
         config = {"model": str(self.model_path), "n_parallel": self.n_parallel, "n_ctx": self.n_ctx,
                   "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "cont_batching": self.cont_batching,
-                  "threads": self.threads, "port": self._port_asked or 0}
+                  "threads": self.threads, "port": self._port_asked or 0, "cache_ram_mib": self.cache_ram_mib,
+                  "slot_prompt_similarity": self.slot_prompt_similarity}
         started = time.perf_counter()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
