@@ -45,3 +45,22 @@ def test_the_table_shows_each_twins_signed_errors_per_metric():
     assert row.error("forecast", "ttft") == pytest.approx((-0.2, 0.0))
     line = llm_validation_table([row]).splitlines()[-1]
     assert line.startswith("0.30   10.0   30.0") and "-20 %" in line and "+25 %" in line and "+10 %" in line
+
+
+def test_a_cache_fit_needs_a_run_that_hit_and_its_replay_of_a_one_request_pool_keeps_only_the_last_prompt():
+    from infergraph_lite.lessons.prefix_twin import CacheFit, fit_cache_runs, replay_cache_run
+
+    same = SimpleNamespace(prompt_evaluated=50, ttft=0.01,
+                           server_timings={"prompt_ms": 5.0, "predicted_per_token_ms": 1})
+    with pytest.raises(ValueError, match="hit nothing"):
+        fit_cache_runs([same, same], [same, same])
+    system = list(range(2, 42))                                   # a 40-token shared prefix
+    prompts = [[1, *system, 100 + k, 200 + k] for k in range(4)]  # each with its own 2-token question
+    done = [SimpleNamespace(sent_at=float(k)) for k in range(4)]
+    fit = CacheFit(base=0.001, per_token=0.0001, decode=0.0005, overhead=0.0)
+    held = [1, *system, 300, 301]                                 # the slot held another question's prompt
+    r = replay_cache_run(done, prompts, fit, caching=True, held=held, slot_tokens=len(held) + 8)
+    # as a slot: the held prompt's question is gone once another request took the memory; the prefix stays
+    assert r.cached_tokens.tolist() == [0, 41, 41, 41, 41]
+    off = replay_cache_run(done, prompts, fit, caching=False, held=held)
+    assert off.cached_tokens.tolist() == [0] * 5 and off.ttft[1] > r.ttft[1]

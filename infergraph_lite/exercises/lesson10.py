@@ -71,7 +71,7 @@ def check_reused_tokens(reused_tokens: Callable[[Sequence[int], Sequence[int], i
         elif got == uncapped and uncapped > want:
             hint = ("one token must always be computed (the model needs the last prompt token's output): at most "
                     "(len(prompt) - 1) // block_size blocks are reused")
-        elif got == want + block_size or got > len(prompt) - 1:
+        elif got == want + block_size or got >= len(prompt) - 1 > want:
             hint = "at most (len(prompt) - 1) // block_size blocks: one token is always computed"
         raise WrongAnswer(f"reused_tokens(prompt, earlier, block_size={block_size}) for {what} gave {got!r}, "
                           f"expected {want}: {hint}")
